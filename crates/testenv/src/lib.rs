@@ -1,0 +1,477 @@
+//! Test support for lazyquota's integration tests: a **real** control plane (etcd,
+//! kube-apiserver and kube-controller-manager built from the published Go modules by
+//! `tests/control-plane/build.sh`), a fresh namespace per test, and clients.
+//!
+//! Two flavours exist, because two controllers must never write the same quota status:
+//! [`Flavor::KcmQuota`] runs KCM's own resourcequota controller (the upstream reference for
+//! differential tests), [`Flavor::LazyquotaOnly`] runs KCM without it, so lazyquota is the
+//! only writer. Admission (the ResourceQuota plugin) is on in both.
+//!
+//! Two ways to get a control plane of a flavour:
+//! - **attach**: the flavour's environment variable (`LAZYQUOTA_CP_DIR` for lazyquota-only,
+//!   `LAZYQUOTA_CP_DIR_KCM` for KCM-quota) names the state directory of a control plane
+//!   started by `tests/control-plane/start.sh`; its `admin.kubeconfig` and `env` facts are used.
+//! - **start**: otherwise the first test to ask starts one under
+//!   `<repo>/.lazyquota/testenv-<flavour>`, guarded by a file lock so that every test binary of
+//!   a `cargo test` run shares it. It is left running for the next binary; `make test` stops
+//!   it at the end (`make cp-stop` does too).
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::Command,
+    sync::{
+        OnceLock,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::{
+    Api, Client, Config,
+    api::{DeleteParams, ObjectMeta, PostParams},
+    config::{KubeConfigOptions, Kubeconfig},
+};
+
+/// Label put on every namespace a test creates, so leftovers can be found and removed.
+pub const TEST_NAMESPACE_LABEL: &str = "lazyquota.dev/test";
+
+/// What can go wrong while providing the test environment.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The control plane could not be started; the message carries the script's output.
+    #[error("starting the control plane with {script}: {message}")]
+    Start {
+        /// The script that was run.
+        script: PathBuf,
+        /// What it printed.
+        message: String,
+    },
+    /// A file of the control plane (kubeconfig, facts) could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The IO error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The kubeconfig could not be turned into a client configuration.
+    #[error("loading kubeconfig {path}: {source}")]
+    Kubeconfig {
+        /// The kubeconfig.
+        path: PathBuf,
+        /// The error from kube.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// A request to the control plane failed.
+    #[error("{what}: {source}")]
+    Kube {
+        /// What was being done.
+        what: String,
+        /// The error from kube.
+        #[source]
+        source: kube::Error,
+    },
+    /// A fact the test needs is not known for this control plane.
+    #[error("the control plane has no {0} (see $LAZYQUOTA_CP_DIR/env)")]
+    Missing(&'static str),
+}
+
+/// Which controllers write ResourceQuota status in a control plane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    /// KCM runs its resourcequota controller: the upstream reference.
+    KcmQuota,
+    /// KCM runs without it: lazyquota is the only writer of quota status.
+    LazyquotaOnly,
+}
+
+impl Flavor {
+    fn env_var(self) -> &'static str {
+        match self {
+            Self::KcmQuota => "LAZYQUOTA_CP_DIR_KCM",
+            Self::LazyquotaOnly => "LAZYQUOTA_CP_DIR",
+        }
+    }
+
+    fn dir_name(self) -> &'static str {
+        match self {
+            Self::KcmQuota => "testenv-kcm-quota",
+            Self::LazyquotaOnly => "testenv-lazyquota-only",
+        }
+    }
+
+    fn kcm_quota(self) -> &'static str {
+        match self {
+            Self::KcmQuota => "on",
+            Self::LazyquotaOnly => "off",
+        }
+    }
+}
+
+/// A running control plane the tests can use.
+#[derive(Debug)]
+pub struct ControlPlane {
+    flavor: Flavor,
+    kubeconfig: PathBuf,
+    facts: BTreeMap<String, String>,
+}
+
+static KCM_QUOTA: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+static LAZYQUOTA_ONLY: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+
+impl ControlPlane {
+    /// The control plane of `flavor`: attached if its environment variable names one, else
+    /// the shared one of this checkout, started on first use.
+    ///
+    /// Blocking (it may run the start script); memoised per test binary.
+    ///
+    /// # Panics
+    /// Panics with the start script's error when no control plane can be had: every
+    /// integration test needs one, and there is no meaningful way to continue without it.
+    pub fn get(flavor: Flavor) -> &'static ControlPlane {
+        let cell = match flavor {
+            Flavor::KcmQuota => &KCM_QUOTA,
+            Flavor::LazyquotaOnly => &LAZYQUOTA_ONLY,
+        };
+        match cell.get_or_init(|| Self::attach_or_start(flavor).map_err(|e| e.to_string())) {
+            Ok(cp) => cp,
+            Err(message) => panic!("no {flavor:?} control plane for the integration tests: {message}"),
+        }
+    }
+
+    fn attach_or_start(flavor: Flavor) -> Result<Self, Error> {
+        if let Some(dir) = std::env::var_os(flavor.env_var()) {
+            let dir = PathBuf::from(dir);
+            let facts = read_facts(&dir.join("env"))?;
+            return Ok(Self {
+                flavor,
+                kubeconfig: dir.join("admin.kubeconfig"),
+                facts,
+            });
+        }
+        start_shared(flavor)
+    }
+
+    /// Which controllers write quota status here.
+    pub fn flavor(&self) -> Flavor {
+        self.flavor
+    }
+
+    /// Path of the admin kubeconfig.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// A fact recorded by `start.sh` (for example `LAZYQUOTA_CP_BIN`), if known.
+    pub fn fact(&self, key: &str) -> Option<&str> {
+        self.facts.get(key).map(String::as_str)
+    }
+
+    /// A client with the admin identity.
+    pub async fn client(&self) -> Result<Client, Error> {
+        let config = self.config().await?;
+        Client::try_from(config).map_err(|source| Error::Kube {
+            what: "building the admin client".into(),
+            source,
+        })
+    }
+
+    /// The admin client configuration (for tests that build their own clients).
+    pub async fn config(&self) -> Result<Config, Error> {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig).map_err(|source| Error::Kubeconfig {
+            path: self.kubeconfig.clone(),
+            source,
+        })?;
+        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|source| Error::Kubeconfig {
+                path: self.kubeconfig.clone(),
+                source,
+            })
+    }
+
+    /// The kube-apiserver's own `/metrics` text.
+    pub async fn apiserver_metrics(&self) -> Result<String, Error> {
+        let client = self.client().await?;
+        get_text(&client, "/metrics").await
+    }
+
+    /// kube-controller-manager's `/metrics` text (its secure port allows `/metrics` to anyone
+    /// in the test control plane, see `start.sh`).
+    pub async fn kcm_metrics(&self) -> Result<String, Error> {
+        let url = self
+            .fact("LAZYQUOTA_KCM_URL")
+            .filter(|u| !u.is_empty())
+            .ok_or(Error::Missing("KCM URL"))?;
+        let mut config = Config::new(url.parse().map_err(|_| Error::Missing("valid KCM URL"))?);
+        // KCM serves a self-signed certificate of its own; this is loopback test traffic only.
+        config.accept_invalid_certs = true;
+        let client = Client::try_from(config).map_err(|source| Error::Kube {
+            what: "building a KCM client".into(),
+            source,
+        })?;
+        get_text(&client, "/metrics").await
+    }
+}
+
+async fn get_text(client: &Client, path: &str) -> Result<String, Error> {
+    let request = http::Request::get(path)
+        .body(Vec::new())
+        .expect("a GET request without a body is valid");
+    client.request_text(request).await.map_err(|source| Error::Kube {
+        what: format!("GET {path}"),
+        source,
+    })
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn read_facts(path: &Path) -> Result<BTreeMap<String, String>, Error> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    Ok(text
+        .lines()
+        .filter_map(|line| line.split_once('='))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect())
+}
+
+/// Starts (or reuses) the control plane of `flavor` shared by all test binaries of this checkout.
+fn start_shared(flavor: Flavor) -> Result<ControlPlane, Error> {
+    let root = repo_root();
+    let state = root.join(".lazyquota");
+    std::fs::create_dir_all(&state).map_err(|source| Error::Read {
+        path: state.clone(),
+        source,
+    })?;
+    let dir = state.join(flavor.dir_name());
+    let lock_path = state.join(format!("{}.lock", flavor.dir_name()));
+    let lock = std::fs::File::create(&lock_path).map_err(|source| Error::Read {
+        path: lock_path.clone(),
+        source,
+    })?;
+    // Serialises test binaries: the first starts the control plane, the others find it running.
+    lock.lock().map_err(|source| Error::Read {
+        path: lock_path,
+        source,
+    })?;
+
+    let facts_path = dir.join("env");
+    if let Ok(facts) = read_facts(&facts_path)
+        && facts
+            .get("LAZYQUOTA_APISERVER_URL")
+            .is_some_and(|url| apiserver_ready(url, &facts))
+    {
+        return Ok(ControlPlane {
+            flavor,
+            kubeconfig: dir.join("admin.kubeconfig"),
+            facts,
+        });
+    }
+
+    let script = root.join("tests/control-plane/start.sh");
+    let output = Command::new("bash")
+        .arg(&script)
+        .env("LAZYQUOTA_CP_DIR", &dir)
+        .env("LAZYQUOTA_KCM_QUOTA", flavor.kcm_quota())
+        .output()
+        .map_err(|e| Error::Start {
+            script: script.clone(),
+            message: e.to_string(),
+        })?;
+    if !output.status.success() {
+        return Err(Error::Start {
+            script,
+            message: String::from_utf8_lossy(&output.stderr).into_owned(),
+        });
+    }
+    let facts = read_facts(&facts_path)?;
+    Ok(ControlPlane {
+        flavor,
+        kubeconfig: dir.join("admin.kubeconfig"),
+        facts,
+    })
+}
+
+/// Whether a previously started apiserver still answers `/readyz` (checked with curl so that
+/// no async runtime is needed here).
+fn apiserver_ready(url: &str, facts: &BTreeMap<String, String>) -> bool {
+    let (Some(ca), Some(cert), Some(key)) = (
+        facts.get("LAZYQUOTA_CA_FILE"),
+        facts.get("LAZYQUOTA_ADMIN_CERT"),
+        facts.get("LAZYQUOTA_ADMIN_KEY"),
+    ) else {
+        return false;
+    };
+    Command::new("curl")
+        .args([
+            "-fsS",
+            "--max-time",
+            "3",
+            "--cacert",
+            ca,
+            "--cert",
+            cert,
+            "--key",
+            key,
+        ])
+        .arg(format!("{url}/readyz"))
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// A namespace created for one test and deleted when the test ends.
+///
+/// Deletion happens in [`TestNamespace::delete`] or, if the test panics first, on drop (on a
+/// helper thread with its own runtime and client, since drop cannot await).
+pub struct TestNamespace {
+    name: String,
+    client: Client,
+    flavor: Flavor,
+    kubeconfig: PathBuf,
+    deleted: bool,
+}
+
+impl TestNamespace {
+    /// Creates a fresh namespace named `lq-<prefix>-<unique>` in the control plane of `flavor`.
+    pub async fn create(flavor: Flavor, prefix: &str) -> Result<Self, Error> {
+        let cp = ControlPlane::get(flavor);
+        let client = cp.client().await?;
+        let name = unique_name(prefix);
+        let namespace = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some([(TEST_NAMESPACE_LABEL.to_owned(), "true".to_owned())].into()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+            .map_err(|source| Error::Kube {
+                what: format!("creating namespace {name}"),
+                source,
+            })?;
+        Ok(Self {
+            name,
+            client,
+            flavor,
+            kubeconfig: cp.kubeconfig.clone(),
+            deleted: false,
+        })
+    }
+
+    /// The namespace's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// An admin client.
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// A namespaced API for `K` in this namespace.
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    /// Deletes the namespace (the namespace controller finishes the job in the background).
+    pub async fn delete(mut self) -> Result<(), Error> {
+        self.deleted = true;
+        delete_namespace(&self.client, &self.name).await
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        if self.deleted {
+            return;
+        }
+        let name = std::mem::take(&mut self.name);
+        let kubeconfig = self.kubeconfig.clone();
+        let flavor = self.flavor;
+        // The test's runtime may be shutting down; use a private one on a private thread.
+        let cleanup = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+                return;
+            };
+            runtime.block_on(async move {
+                let cp = ControlPlane {
+                    flavor,
+                    kubeconfig,
+                    facts: BTreeMap::new(),
+                };
+                if let Ok(client) = cp.client().await {
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(10), delete_namespace(&client, &name)).await;
+                }
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+async fn delete_namespace(client: &Client, name: &str) -> Result<(), Error> {
+    match Api::<Namespace>::all(client.clone())
+        .delete(name, &DeleteParams::background())
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(source) => Err(Error::Kube {
+            what: format!("deleting namespace {name}"),
+            source,
+        }),
+    }
+}
+
+/// A DNS-1123 label unique within this machine for the life of the test run.
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let tag = format!("{:x}{:x}{n:x}", std::process::id() & 0xffff, nanos & 0xffff);
+    let mut prefix: String = prefix
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .collect();
+    prefix.make_ascii_lowercase();
+    prefix.truncate(63 - 4 - tag.len());
+    format!("lq-{prefix}-{tag}")
+}
+
+/// Polls `check` every 200 ms until it returns `Some`, or gives up after `timeout`.
+///
+/// Tests wait on observable state this way instead of sleeping for fixed times.
+pub async fn eventually<T, F, Fut>(timeout: Duration, mut check: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return Some(value);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The whole test suite, as `make test` runs it: lint, build the control plane (cached), build
+# the Rust tests, run them against the real control planes, stop everything. Prints how long
+# each phase took. Control planes are started by the tests themselves (crates/testenv) on
+# first use and shared by every test binary; this script stops them at the end, pass or fail.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+phases=()
+phase() {
+  local name=$1; shift
+  local start=$SECONDS
+  printf '\n==> %s\n' "$name" >&2
+  "$@"
+  phases+=("$(printf '%-28s %5d s' "$name" $((SECONDS - start)))")
+}
+report() {
+  local rc=$?
+  bash tests/control-plane/stop.sh .lazyquota/testenv-kcm-quota >/dev/null 2>&1 || true
+  bash tests/control-plane/stop.sh .lazyquota/testenv-lazyquota-only >/dev/null 2>&1 || true
+  printf '\n==> phase times\n' >&2
+  for p in "${phases[@]}"; do printf '  %s\n' "$p" >&2; done
+  exit $rc
+}
+trap report EXIT
+
+# Control planes left over from an interrupted run would be reused only if healthy; start clean.
+bash tests/control-plane/stop.sh .lazyquota/testenv-kcm-quota >/dev/null 2>&1 || true
+bash tests/control-plane/stop.sh .lazyquota/testenv-lazyquota-only >/dev/null 2>&1 || true
+rm -rf .lazyquota/testenv-kcm-quota .lazyquota/testenv-lazyquota-only
+
+phase "format check" cargo fmt --all -- --check
+phase "control plane build" bash tests/control-plane/build.sh >/dev/null
+phase "clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
+phase "build tests" cargo test --workspace --locked --no-run
+phase "tests" cargo test --workspace --locked

@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# Starts the test control plane on loopback: etcd, kube-apiserver and kube-controller-manager,
+# built by ./build.sh. Everything lives in one state directory:
+#
+#   $LAZYQUOTA_CP_DIR (default: <repo>/.lazyquota/control-plane)
+#     admin.kubeconfig   the admin kubeconfig (also printed as the last line of stdout)
+#     env                shell-sourceable facts: ports, pids, paths
+#     pki/               CA, serving and client certificates, service-account keys (made at start)
+#     logs/              one log per component
+#
+# Options (environment):
+#   LAZYQUOTA_KCM_QUOTA=on|off   run KCM's own resourcequota controller (default: on). Off makes
+#                               lazyquota the only writer of ResourceQuota status.
+#   LAZYQUOTA_KCM=on|off         start kube-controller-manager at all (default: on)
+#   LAZYQUOTA_CP_TIMEOUT=60      seconds to wait for each component to become ready
+#   LAZYQUOTA_APISERVER_ARGS     extra kube-apiserver flags (space separated)
+#   LAZYQUOTA_KCM_ARGS           extra kube-controller-manager flags (space separated)
+#
+# A control plane already running from the same directory is stopped first.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+dir=${LAZYQUOTA_CP_DIR:-$repo/.lazyquota/control-plane}
+timeout=${LAZYQUOTA_CP_TIMEOUT:-60}
+kcm_quota=${LAZYQUOTA_KCM_QUOTA:-on}
+kcm=${LAZYQUOTA_KCM:-on}
+
+say() { printf 'control-plane: %s\n' "$*" >&2; }
+
+bin=$("$here/build.sh" | tail -n 1)
+
+"$here/stop.sh" "$dir" >/dev/null 2>&1 || true
+rm -rf "$dir"
+mkdir -p "$dir/pki" "$dir/logs"
+dir=$(cd "$dir" && pwd)
+pki=$dir/pki
+
+fail() {
+  # A clear error and the tail of the failing component's log, then nothing left running.
+  local component=$1; shift
+  say "error: $*"
+  if [[ -f "$dir/logs/$component.log" ]]; then
+    say "last lines of $dir/logs/$component.log:"
+    tail -n 30 "$dir/logs/$component.log" >&2
+  fi
+  "$here/stop.sh" "$dir" >/dev/null 2>&1 || true
+  exit 1
+}
+
+# Free loopback ports: ask the kernel for an ephemeral port by binding port 0, one at a time,
+# and never hand out the same port twice in this run.
+used_ports=" "
+free_port() {
+  local port
+  for _ in $(seq 1 50); do
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
+    if [[ $used_ports != *" $port "* ]]; then
+      used_ports+="$port "
+      echo "$port"
+      return 0
+    fi
+  done
+  return 1
+}
+etcd_port=$(free_port)
+etcd_peer_port=$(free_port)
+apiserver_port=$(free_port)
+kcm_port=$(free_port)
+
+# --- certificates -------------------------------------------------------------------------
+ossl() { openssl "$@" >/dev/null 2>&1; }
+ossl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=lazyquota-test-ca" \
+  -keyout "$pki/ca.key" -out "$pki/ca.crt"
+cert() {
+  # cert NAME SUBJECT USAGE [SAN]: a key and a v3 certificate signed by the test CA (rustls
+  # rejects v1 certificates, which is what openssl makes without extensions).
+  local name=$1 subject=$2 usage=$3 san=${4:-}
+  ossl req -newkey rsa:2048 -nodes -subj "$subject" -keyout "$pki/$name.key" -out "$pki/$name.csr"
+  {
+    echo "basicConstraints=critical,CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=$usage"
+    [[ -n $san ]] && echo "subjectAltName=$san"
+  } > "$pki/$name.ext"
+  ossl x509 -req -in "$pki/$name.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -days 30 -extfile "$pki/$name.ext" -out "$pki/$name.crt"
+}
+cert apiserver "/CN=kube-apiserver" serverAuth "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default"
+cert admin "/O=system:masters/CN=lazyquota-admin" clientAuth
+cert kcm "/CN=system:kube-controller-manager" clientAuth
+ossl genrsa -out "$pki/sa.key" 2048
+ossl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub"
+[[ -s $pki/admin.crt && -s $pki/sa.pub ]] || fail apiserver "could not generate certificates with openssl"
+
+kubeconfig() {
+  # kubeconfig FILE USER: a kubeconfig for USER's client certificate.
+  cat > "$1" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: lazyquota-test
+  cluster:
+    server: https://127.0.0.1:$apiserver_port
+    certificate-authority: $pki/ca.crt
+users:
+- name: $2
+  user:
+    client-certificate: $pki/$2.crt
+    client-key: $pki/$2.key
+contexts:
+- name: lazyquota-test
+  context:
+    cluster: lazyquota-test
+    user: $2
+current-context: lazyquota-test
+EOF
+}
+kubeconfig "$dir/admin.kubeconfig" admin
+kubeconfig "$dir/kcm.kubeconfig" kcm
+
+# --- processes ----------------------------------------------------------------------------
+start_bg() {
+  # start_bg NAME CMD...: runs CMD in its own process group, logs to logs/NAME.log.
+  local name=$1; shift
+  setsid "$@" >"$dir/logs/$name.log" 2>&1 < /dev/null &
+  echo $! > "$dir/$name.pid"
+}
+
+wait_ready() {
+  # wait_ready NAME URL [curl args...]: polls URL until it answers 200, or fails after $timeout s.
+  local name=$1 url=$2; shift 2
+  local deadline=$((SECONDS + timeout))
+  while (( SECONDS < deadline )); do
+    if ! kill -0 "$(cat "$dir/$name.pid")" 2>/dev/null; then
+      fail "$name" "$name exited during start-up"
+    fi
+    if curl -fsS --max-time 2 "$@" "$url" >/dev/null 2>&1; then
+      return 0
+    fi
+    sleep 0.3
+  done
+  fail "$name" "$name was not ready at $url within ${timeout}s"
+}
+
+start_bg etcd "$bin/etcd" \
+  --name lazyquota-test \
+  --data-dir "$dir/etcd" \
+  --listen-client-urls "http://127.0.0.1:$etcd_port" \
+  --advertise-client-urls "http://127.0.0.1:$etcd_port" \
+  --listen-peer-urls "http://127.0.0.1:$etcd_peer_port" \
+  --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer_port" \
+  --initial-cluster "lazyquota-test=http://127.0.0.1:$etcd_peer_port" \
+  --unsafe-no-fsync \
+  --log-level warn
+wait_ready etcd "http://127.0.0.1:$etcd_port/health"
+
+# shellcheck disable=SC2086 # extra args are intentionally word-split
+start_bg kube-apiserver "$bin/kube-apiserver" \
+  --etcd-servers "http://127.0.0.1:$etcd_port" \
+  --bind-address 127.0.0.1 \
+  --advertise-address 127.0.0.1 \
+  --secure-port "$apiserver_port" \
+  --tls-cert-file "$pki/apiserver.crt" \
+  --tls-private-key-file "$pki/apiserver.key" \
+  --client-ca-file "$pki/ca.crt" \
+  --authorization-mode RBAC \
+  --service-account-issuer https://kubernetes.default.svc.cluster.local \
+  --service-account-key-file "$pki/sa.pub" \
+  --service-account-signing-key-file "$pki/sa.key" \
+  --service-cluster-ip-range 10.96.0.0/16 \
+  --allow-privileged=true \
+  ${LAZYQUOTA_APISERVER_ARGS:-}
+wait_ready kube-apiserver "https://127.0.0.1:$apiserver_port/readyz" \
+  --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key"
+
+kcm_pid=""
+if [[ $kcm == on ]]; then
+  # Only the controllers the tests need to behave like a real cluster: service accounts and
+  # their tokens (so pods can be created), namespaces (so they can be deleted), garbage
+  # collection, and -- switchable -- the upstream resource quota controller.
+  controllers=serviceaccount-token-controller,serviceaccount-controller,root-ca-certificate-publisher-controller,namespace-controller,garbage-collector-controller
+  if [[ $kcm_quota == on ]]; then
+    controllers+=,resourcequota-controller
+  fi
+  # shellcheck disable=SC2086
+  start_bg kube-controller-manager "$bin/kube-controller-manager" \
+    --kubeconfig "$dir/kcm.kubeconfig" \
+    --authentication-kubeconfig "$dir/kcm.kubeconfig" \
+    --authorization-kubeconfig "$dir/kcm.kubeconfig" \
+    --authorization-always-allow-paths /healthz,/readyz,/livez,/metrics \
+    --bind-address 127.0.0.1 \
+    --secure-port "$kcm_port" \
+    --controllers "$controllers" \
+    --use-service-account-credentials=true \
+    --service-account-private-key-file "$pki/sa.key" \
+    --root-ca-file "$pki/ca.crt" \
+    --leader-elect=false \
+    ${LAZYQUOTA_KCM_ARGS:-}
+  wait_ready kube-controller-manager "https://127.0.0.1:$kcm_port/healthz" --insecure
+  kcm_pid=$(cat "$dir/kube-controller-manager.pid")
+fi
+
+cat > "$dir/env" <<EOF
+LAZYQUOTA_KUBECONFIG=$dir/admin.kubeconfig
+LAZYQUOTA_CP_DIR=$dir
+LAZYQUOTA_CP_BIN=$bin
+LAZYQUOTA_APISERVER_URL=https://127.0.0.1:$apiserver_port
+LAZYQUOTA_ETCD_URL=http://127.0.0.1:$etcd_port
+LAZYQUOTA_KCM_URL=${kcm_pid:+https://127.0.0.1:$kcm_port}
+LAZYQUOTA_KCM_QUOTA=$([[ $kcm == on ]] && echo "$kcm_quota" || echo off)
+LAZYQUOTA_CA_FILE=$pki/ca.crt
+LAZYQUOTA_ADMIN_CERT=$pki/admin.crt
+LAZYQUOTA_ADMIN_KEY=$pki/admin.key
+EOF
+say "ready: kube-apiserver https://127.0.0.1:$apiserver_port, KCM quota controller: $kcm_quota (kcm: $kcm)"
+say "admin kubeconfig:"
+echo "$dir/admin.kubeconfig"
