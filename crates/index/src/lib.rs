@@ -1,2 +1,18 @@
 //! Pure state for lazyquota: which resource types some ResourceQuota demands, and the compact
 //! per-object usage needed to recompute `status.used`. No IO and no kube client.
+//!
+//! ```text
+//!  ResourceQuota events ──► PolicyIndex ──► DemandChange (cluster, resource, namespace, need)
+//!                                                  │
+//!  watch events ──► UsageStore partitions ◄────────┘ held only while demanded
+//! ```
+//!
+//! - [`demand`]: what one hard key needs watched (upstream's evaluator matching).
+//! - [`policy`]: quotas and the reference-counted demand, mutations return diffs.
+//! - [`store`]: object identities and projections per (cluster, resource, namespace).
+//! - [`keys`]: identities, all carrying the logical cluster.
+
+pub mod demand;
+pub mod keys;
+pub mod policy;
+pub mod store;

@@ -1,0 +1,531 @@
+//! The PolicyIndex: every ResourceQuota (per logical cluster and namespace), and from them the
+//! **demand** — which (cluster, resource, namespace) some quota needs watched, and how much of
+//! each object it needs. Demand is reference-counted across quotas, and every mutation
+//! returns the demand changes it caused, so the monitor manager never rescans.
+//!
+//! ```text
+//!  QuotaKey ──► QuotaEntry { plans: key → KeyPlan, status_hard keys, payload T }
+//!                   │ each Computed plan with a need
+//!                   ▼
+//!  (cluster, resource) ──► namespace ──► { count refs, typed refs }   = demand
+//! ```
+//!
+//! Cost: per quota, its key plans (~80 B per hard key) and the caller's payload; per demanded
+//! (cluster, resource, namespace), one map entry (~64 B).
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    sync::Arc,
+};
+
+use crate::{
+    demand::{KeyPlan, plan},
+    keys::{ClusterName, GroupResource, Need, QuotaKey},
+};
+
+/// What the index needs to know of a ResourceQuota.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QuotaPolicy {
+    /// The keys of `spec.hard`: what is computed.
+    pub spec_hard: Vec<String>,
+    /// The keys of `status.hard`: what replenishment matches on, as upstream does.
+    pub status_hard: Vec<String>,
+    /// Scope names from `spec.scopes` and `spec.scopeSelector.matchExpressions[].scopeName`.
+    pub scopes: Vec<String>,
+}
+
+/// One quota in the index.
+#[derive(Debug)]
+pub struct QuotaEntry<T> {
+    /// The plan of each `spec.hard` key.
+    pub plans: BTreeMap<String, KeyPlan>,
+    /// The `status.hard` keys' plans (replenishment routing).
+    status_resources: BTreeSet<GroupResource>,
+    /// What this quota adds to the demand: resource → need.
+    demands: BTreeMap<GroupResource, Need>,
+    /// The caller's parsed quota (spec, status, resourceVersion...).
+    pub payload: T,
+}
+
+impl<T> QuotaEntry<T> {
+    /// The resources this quota demands and how much of each object it needs.
+    pub fn demands(&self) -> &BTreeMap<GroupResource, Need> {
+        &self.demands
+    }
+}
+
+/// A change of demand for one (cluster, resource, namespace).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DemandChange {
+    /// The logical cluster.
+    pub cluster: ClusterName,
+    /// The resource.
+    pub resource: GroupResource,
+    /// The namespace.
+    pub namespace: Arc<str>,
+    /// The need before (`None`: not demanded).
+    pub from: Option<Need>,
+    /// The need after (`None`: no longer demanded).
+    pub to: Option<Need>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Refs {
+    count: u32,
+    typed: u32,
+}
+
+impl Refs {
+    fn need(self) -> Option<Need> {
+        if self.typed > 0 {
+            Some(Need::Typed)
+        } else if self.count > 0 {
+            Some(Need::Count)
+        } else {
+            None
+        }
+    }
+
+    fn slot(&mut self, need: Need) -> &mut u32 {
+        match need {
+            Need::Count => &mut self.count,
+            Need::Typed => &mut self.typed,
+        }
+    }
+}
+
+/// Demand of one resource in one cluster, per namespace.
+pub type NamespaceDemand = BTreeMap<Arc<str>, Need>;
+
+/// The index. `T` is whatever the caller keeps per quota (the parsed spec and status).
+#[derive(Debug)]
+pub struct PolicyIndex<T> {
+    quotas: HashMap<QuotaKey, QuotaEntry<T>>,
+    demand: BTreeMap<(ClusterName, GroupResource), BTreeMap<Arc<str>, Refs>>,
+}
+
+impl<T> Default for PolicyIndex<T> {
+    fn default() -> Self {
+        Self {
+            quotas: HashMap::new(),
+            demand: BTreeMap::new(),
+        }
+    }
+}
+
+impl<T> PolicyIndex<T> {
+    /// An empty index.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds or replaces a quota; returns the demand changes.
+    pub fn apply(&mut self, key: QuotaKey, policy: &QuotaPolicy, payload: T) -> Vec<DemandChange> {
+        let plans: BTreeMap<String, KeyPlan> = policy
+            .spec_hard
+            .iter()
+            .map(|k| (k.clone(), plan(k, &policy.scopes)))
+            .collect();
+        let mut demands = BTreeMap::new();
+        for p in plans.values() {
+            if let KeyPlan::Computed {
+                resource,
+                need: Some(need),
+                ..
+            } = p
+            {
+                let slot = demands.entry(resource.clone()).or_insert(*need);
+                *slot = (*slot).max(*need);
+            }
+        }
+        let status_resources = policy
+            .status_hard
+            .iter()
+            .filter_map(|k| match plan(k, &[]) {
+                KeyPlan::Computed { resource, .. } => Some(resource),
+                KeyPlan::Unmatched => None,
+            })
+            .collect();
+        let old = self.quotas.remove(&key);
+        let mut changes = Vec::new();
+        let old_demands = old.map(|e| e.demands).unwrap_or_default();
+        self.adjust(&key, &old_demands, &demands, &mut changes);
+        self.quotas.insert(
+            key,
+            QuotaEntry {
+                plans,
+                status_resources,
+                demands,
+                payload,
+            },
+        );
+        changes
+    }
+
+    /// Removes a quota; returns the demand changes.
+    pub fn delete(&mut self, key: &QuotaKey) -> Vec<DemandChange> {
+        let mut changes = Vec::new();
+        if let Some(old) = self.quotas.remove(key) {
+            self.adjust(key, &old.demands, &BTreeMap::new(), &mut changes);
+        }
+        changes
+    }
+
+    /// Replaces every quota of `cluster` with `quotas` (a relist); returns the net demand
+    /// changes, so a relist that finds the same quotas changes nothing.
+    pub fn reset(
+        &mut self,
+        cluster: &ClusterName,
+        quotas: impl IntoIterator<Item = (QuotaKey, QuotaPolicy, T)>,
+    ) -> Vec<DemandChange> {
+        let before = self.cluster_demand(cluster);
+        let stale: Vec<QuotaKey> = self
+            .quotas
+            .keys()
+            .filter(|k| &k.cluster == cluster)
+            .cloned()
+            .collect();
+        for key in &stale {
+            self.delete(key);
+        }
+        for (key, policy, payload) in quotas {
+            self.apply(key, &policy, payload);
+        }
+        let after = self.cluster_demand(cluster);
+        diff(cluster, &before, &after)
+    }
+
+    fn adjust(
+        &mut self,
+        key: &QuotaKey,
+        old: &BTreeMap<GroupResource, Need>,
+        new: &BTreeMap<GroupResource, Need>,
+        changes: &mut Vec<DemandChange>,
+    ) {
+        let resources: BTreeSet<&GroupResource> = old.keys().chain(new.keys()).collect();
+        for resource in resources {
+            let (was, will) = (old.get(resource), new.get(resource));
+            if was == will {
+                continue;
+            }
+            let namespaces = self
+                .demand
+                .entry((key.cluster.clone(), resource.clone()))
+                .or_default();
+            let refs = namespaces.entry(key.namespace.clone()).or_default();
+            let from = refs.need();
+            if let Some(need) = was {
+                *refs.slot(*need) -= 1;
+            }
+            if let Some(need) = will {
+                *refs.slot(*need) += 1;
+            }
+            let to = refs.need();
+            if to.is_none() {
+                namespaces.remove(&key.namespace);
+                if namespaces.is_empty() {
+                    self.demand.remove(&(key.cluster.clone(), resource.clone()));
+                }
+            }
+            if from != to {
+                changes.push(DemandChange {
+                    cluster: key.cluster.clone(),
+                    resource: resource.clone(),
+                    namespace: key.namespace.clone(),
+                    from,
+                    to,
+                });
+            }
+        }
+    }
+
+    fn cluster_demand(&self, cluster: &ClusterName) -> BTreeMap<(GroupResource, Arc<str>), Need> {
+        self.demand
+            .range((cluster.clone(), GroupResource::new("", ""))..)
+            .take_while(|((c, _), _)| c == cluster)
+            .flat_map(|((_, resource), namespaces)| {
+                namespaces
+                    .iter()
+                    .filter_map(|(ns, refs)| Some(((resource.clone(), ns.clone()), refs.need()?)))
+            })
+            .collect()
+    }
+
+    /// A quota, if known.
+    pub fn get(&self, key: &QuotaKey) -> Option<&QuotaEntry<T>> {
+        self.quotas.get(key)
+    }
+
+    /// A quota's payload, mutably (for recording the status the controller wrote).
+    pub fn payload_mut(&mut self, key: &QuotaKey) -> Option<&mut T> {
+        self.quotas.get_mut(key).map(|e| &mut e.payload)
+    }
+
+    /// All quotas.
+    pub fn quotas(&self) -> impl Iterator<Item = (&QuotaKey, &QuotaEntry<T>)> {
+        self.quotas.iter()
+    }
+
+    /// Number of quotas.
+    pub fn len(&self) -> usize {
+        self.quotas.len()
+    }
+
+    /// Whether the index holds no quota.
+    pub fn is_empty(&self) -> bool {
+        self.quotas.is_empty()
+    }
+
+    /// The namespaces that demand `resource` in `cluster`, with their need.
+    pub fn demand_of(&self, cluster: &ClusterName, resource: &GroupResource) -> NamespaceDemand {
+        self.demand
+            .get(&(cluster.clone(), resource.clone()))
+            .map(|namespaces| {
+                namespaces
+                    .iter()
+                    .filter_map(|(ns, r)| Some((ns.clone(), r.need()?)))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Every demanded (cluster, resource).
+    pub fn demanded(&self) -> impl Iterator<Item = &(ClusterName, GroupResource)> {
+        self.demand.keys()
+    }
+
+    /// The need for (cluster, resource, namespace), if demanded.
+    pub fn need(&self, cluster: &ClusterName, resource: &GroupResource, namespace: &str) -> Option<Need> {
+        self.demand
+            .get(&(cluster.clone(), resource.clone()))?
+            .get(namespace)?
+            .need()
+    }
+
+    /// The quotas that a change to an object of `resource` in (cluster, namespace) dirties:
+    /// those whose `status.hard` has a key computed from `resource` (upstream's
+    /// `replenishQuota` matches on status.hard, not spec.hard).
+    pub fn dirtied_by(
+        &self,
+        cluster: &ClusterName,
+        namespace: &str,
+        resource: &GroupResource,
+    ) -> Vec<QuotaKey> {
+        self.quotas
+            .iter()
+            .filter(|(k, e)| {
+                &k.cluster == cluster && &*k.namespace == namespace && e.status_resources.contains(resource)
+            })
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// The quotas of (cluster, namespace) that compute some key from `resource` (by
+    /// `spec.hard`): the quotas to recompute when that resource's watch becomes synced.
+    pub fn computing(&self, cluster: &ClusterName, resource: &GroupResource) -> Vec<QuotaKey> {
+        self.quotas
+            .iter()
+            .filter(|(k, e)| &k.cluster == cluster && e.demands.contains_key(resource))
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+}
+
+fn diff(
+    cluster: &ClusterName,
+    before: &BTreeMap<(GroupResource, Arc<str>), Need>,
+    after: &BTreeMap<(GroupResource, Arc<str>), Need>,
+) -> Vec<DemandChange> {
+    let keys: BTreeSet<&(GroupResource, Arc<str>)> = before.keys().chain(after.keys()).collect();
+    keys.into_iter()
+        .filter_map(|k| {
+            let (from, to) = (before.get(k).copied(), after.get(k).copied());
+            (from != to).then(|| DemandChange {
+                cluster: cluster.clone(),
+                resource: k.0.clone(),
+                namespace: k.1.clone(),
+                from,
+                to,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn policy(keys: &[&str], scopes: &[&str]) -> QuotaPolicy {
+        QuotaPolicy {
+            spec_hard: keys.iter().map(|k| (*k).to_owned()).collect(),
+            status_hard: keys.iter().map(|k| (*k).to_owned()).collect(),
+            scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
+        }
+    }
+
+    fn key(ns: &str, name: &str) -> QuotaKey {
+        QuotaKey::new(&ClusterName::new("c"), ns, name)
+    }
+
+    fn pods() -> GroupResource {
+        GroupResource::core("pods")
+    }
+
+    #[test]
+    fn demand_is_reference_counted_across_quotas() {
+        let mut index = PolicyIndex::new();
+        let start = index.apply(key("a", "q1"), &policy(&["pods"], &[]), ());
+        assert_eq!(start.len(), 1);
+        assert_eq!((start[0].from, start[0].to), (None, Some(Need::Typed)));
+        assert!(
+            index
+                .apply(key("a", "q2"), &policy(&["requests.cpu"], &[]), ())
+                .is_empty()
+        );
+        assert!(index.delete(&key("a", "q1")).is_empty(), "q2 still needs pods");
+        let stop = index.delete(&key("a", "q2"));
+        assert_eq!((stop[0].from, stop[0].to), (Some(Need::Typed), None));
+        assert!(index.demanded().next().is_none());
+    }
+
+    #[test]
+    fn count_and_typed_needs_upgrade_and_downgrade() {
+        let mut index = PolicyIndex::new();
+        index.apply(key("a", "q1"), &policy(&["count/pods"], &[]), ());
+        let up = index.apply(key("a", "q2"), &policy(&["pods"], &[]), ());
+        assert_eq!((up[0].from, up[0].to), (Some(Need::Count), Some(Need::Typed)));
+        let down = index.delete(&key("a", "q2"));
+        assert_eq!((down[0].from, down[0].to), (Some(Need::Typed), Some(Need::Count)));
+    }
+
+    #[test]
+    fn only_demanding_namespaces_are_demanded() {
+        let mut index = PolicyIndex::new();
+        index.apply(key("ns-7", "q"), &policy(&["pods"], &[]), ());
+        let demand = index.demand_of(&ClusterName::new("c"), &pods());
+        assert_eq!(demand.keys().map(|k| &**k).collect::<Vec<_>>(), vec!["ns-7"]);
+    }
+
+    #[test]
+    fn editing_count_x_to_count_y_moves_the_demand() {
+        let mut index = PolicyIndex::new();
+        index.apply(key("a", "q"), &policy(&["count/x.example.io"], &[]), ());
+        let mut changes = index.apply(key("a", "q"), &policy(&["count/y.example.io"], &[]), ());
+        changes.sort();
+        assert_eq!(changes.len(), 2);
+        assert!(
+            changes
+                .iter()
+                .any(|c| c.resource.resource == "x" && c.to.is_none())
+        );
+        assert!(
+            changes
+                .iter()
+                .any(|c| c.resource.resource == "y" && c.to == Some(Need::Count))
+        );
+    }
+
+    #[test]
+    fn replenishment_routes_by_status_hard() {
+        let mut index = PolicyIndex::new();
+        let mut p = policy(&["pods"], &[]);
+        p.status_hard = vec![];
+        index.apply(key("a", "q"), &p, ());
+        assert!(index.dirtied_by(&ClusterName::new("c"), "a", &pods()).is_empty());
+        p.status_hard = vec!["pods".into()];
+        index.apply(key("a", "q"), &p, ());
+        assert_eq!(
+            index.dirtied_by(&ClusterName::new("c"), "a", &pods()),
+            vec![key("a", "q")]
+        );
+        assert!(index.dirtied_by(&ClusterName::new("c"), "b", &pods()).is_empty());
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Apply(usize, usize, Vec<usize>, bool),
+        Delete(usize, usize),
+        Reset(Vec<(usize, usize, Vec<usize>, bool)>),
+    }
+
+    const KEYS: &[&str] = &[
+        "pods",
+        "count/pods",
+        "requests.storage",
+        "count/widgets.example.io",
+        "configmaps",
+        "foo",
+    ];
+
+    fn op() -> impl Strategy<Value = Op> {
+        let quota = (
+            0..3usize,
+            0..3usize,
+            prop::collection::vec(0..KEYS.len(), 0..4),
+            any::<bool>(),
+        );
+        prop_oneof![
+            4 => quota.clone().prop_map(|(n, q, k, s)| Op::Apply(n, q, k, s)),
+            2 => (0..3usize, 0..3usize).prop_map(|(n, q)| Op::Delete(n, q)),
+            1 => prop::collection::vec(quota, 0..5).prop_map(Op::Reset),
+        ]
+    }
+
+    fn quota_of(n: usize, q: usize, k: &[usize], scoped: bool) -> (QuotaKey, QuotaPolicy, ()) {
+        let keys: Vec<&str> = k.iter().map(|i| KEYS[*i]).collect();
+        (
+            key(&format!("ns{n}"), &format!("q{q}")),
+            policy(&keys, if scoped { &["BestEffort"] } else { &[] }),
+            (),
+        )
+    }
+
+    proptest! {
+        /// After any sequence of apply/delete/reset, the demand equals the demand computed
+        /// from scratch from the final quotas, and replaying the emitted changes onto an empty
+        /// demand reproduces it (nothing lost, nothing started twice).
+        #[test]
+        fn demand_equals_recomputation_from_scratch(ops in prop::collection::vec(op(), 0..40)) {
+            let cluster = ClusterName::new("c");
+            let mut index = PolicyIndex::new();
+            let mut replayed: BTreeMap<(GroupResource, Arc<str>), Need> = BTreeMap::new();
+            let mut truth: BTreeMap<QuotaKey, QuotaPolicy> = BTreeMap::new();
+            for op in ops {
+                let changes = match op {
+                    Op::Apply(n, q, k, s) => {
+                        let (key, policy, ()) = quota_of(n, q, &k, s);
+                        truth.insert(key.clone(), policy.clone());
+                        index.apply(key, &policy, ())
+                    }
+                    Op::Delete(n, q) => {
+                        let key = key(&format!("ns{n}"), &format!("q{q}"));
+                        truth.remove(&key);
+                        index.delete(&key)
+                    }
+                    Op::Reset(quotas) => {
+                        let quotas: Vec<_> = quotas.iter().map(|(n, q, k, s)| quota_of(*n, *q, k, *s)).collect();
+                        truth = quotas.iter().map(|(k, p, ())| (k.clone(), p.clone())).collect();
+                        index.reset(&cluster, quotas)
+                    }
+                };
+                for c in changes {
+                    let slot = (c.resource.clone(), c.namespace.clone());
+                    prop_assert_eq!(replayed.get(&slot).copied(), c.from, "change {:?} does not start from the replayed state", c);
+                    match c.to {
+                        Some(need) => { replayed.insert(slot, need); }
+                        None => { replayed.remove(&slot); }
+                    }
+                }
+            }
+            let mut fresh = PolicyIndex::new();
+            for (key, policy) in &truth {
+                fresh.apply(key.clone(), policy, ());
+            }
+            let expected = fresh.cluster_demand(&cluster);
+            prop_assert_eq!(&index.cluster_demand(&cluster), &expected);
+            prop_assert_eq!(&replayed, &expected);
+        }
+    }
+}
