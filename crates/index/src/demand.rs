@@ -1,226 +1,106 @@
-//! What one hard key of a ResourceQuota needs watched, following upstream's evaluators
-//! (`pkg/quota/v1/evaluator/core` and the generic object-count evaluator):
+//! What one hard key of a ResourceQuota needs watched. The evaluator matching itself is the
+//! quota crate's ([`lazyquota_quota::plan_key`], upstream's `MatchingResources`); this module
+//! turns it into watch demand:
 //!
 //! | key | evaluator | watches |
 //! |---|---|---|
 //! | `pods`, `cpu`, `memory`, `ephemeral-storage`, `requests.*`, `limits.{cpu,memory,ephemeral-storage}`, `hugepages-*`, `requests.hugepages-*` | pods | pods, typed |
 //! | `count/pods` | pods | pods, metadata |
-//! | `services`, `services.nodeports`, `services.loadbalancers` | services | services, typed |
-//! | `count/services` | services | services, metadata |
-//! | `persistentvolumeclaims`, `requests.storage`, `<class>.storageclass.storage.k8s.io/{requests.storage,persistentvolumeclaims}` | PVCs | PVCs, typed |
-//! | `count/persistentvolumeclaims` | PVCs | PVCs, metadata |
+//! | `services.nodeports`, `services.loadbalancers` | services | services, typed |
+//! | `services`, `count/services` | services | services, metadata |
+//! | `requests.storage`, `<class>.storageclass.storage.k8s.io/{requests.storage,persistentvolumeclaims}` | PVCs | PVCs, typed |
+//! | `persistentvolumeclaims`, `count/persistentvolumeclaims` | PVCs | PVCs, metadata |
 //! | `configmaps`, `secrets`, `replicationcontrollers`, `resourcequotas` | object count (legacy alias) | that resource, metadata |
 //! | `count/<resource>[.<group>]` | object count | that resource, metadata |
 //! | anything else (`limits.nvidia.com/gpu`, `limits.hugepages-2Mi`, ...) | none: stays absent | nothing |
 //!
-//! Scopes: an object matches a quota only if it matches every scope and selector
-//! requirement. Object-count and service evaluators match no scope, PVCs match only
-//! `VolumeAttributesClass`, pods only the pod scopes. A key whose evaluator cannot match one of
-//! the quota's scopes always computes `0`: upstream still writes that `0`, but nothing needs
-//! watching for it.
+//! Scopes: object-count, service and resource-claim evaluators match no scope, so under any
+//! scope their keys always compute `0`: upstream still writes that `0`, but nothing needs
+//! watching for it. Under a scope, counts of pods and PVCs need the typed projection (the
+//! scope is evaluated per object).
+
+use lazyquota_quota::{FeatureGates, Projection, QuotaScopes, plan_key};
 
 use crate::keys::{GroupResource, Need};
 
-/// The evaluator upstream uses for a key.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub enum Evaluator {
-    /// `core/pods`.
-    Pods,
-    /// `core/services`.
-    Services,
-    /// `core/persistentvolumeclaims`.
-    PersistentVolumeClaims,
-    /// The generic object-count evaluator of some other resource.
-    ObjectCount,
-}
-
-/// What a hard key needs.
-#[derive(Clone, PartialEq, Eq, Hash, Debug)]
-pub enum KeyPlan {
-    /// No evaluator matches the key: upstream never computes it, so it keeps whatever
-    /// `status.used` held (normally nothing).
-    Unmatched,
-    /// An evaluator matches and computes the key from the objects of `resource`.
-    Computed {
-        /// The resource whose objects are counted or summed.
-        resource: GroupResource,
-        /// The evaluator.
-        evaluator: Evaluator,
-        /// How much of each object is needed; `None` when the quota's scopes exclude every
-        /// object of this evaluator, so the value is always `0` and nothing is watched.
-        need: Option<Need>,
-    },
-}
-
-/// Scope names that the pods evaluator understands (`pods.go:podMatchesScopeFunc`).
-const POD_SCOPES: &[&str] = &[
-    "Terminating",
-    "NotTerminating",
-    "BestEffort",
-    "NotBestEffort",
-    "PriorityClass",
-    "CrossNamespacePodAffinity",
-];
-/// Scope names that the PVC evaluator understands.
-const PVC_SCOPES: &[&str] = &["VolumeAttributesClass"];
-
-fn pod_compute_key(key: &str) -> bool {
-    const EXACT: &[&str] = &[
-        "pods",
-        "cpu",
-        "memory",
-        "ephemeral-storage",
-        "requests.cpu",
-        "requests.memory",
-        "requests.ephemeral-storage",
-        "limits.cpu",
-        "limits.memory",
-        "limits.ephemeral-storage",
-    ];
-    if EXACT.contains(&key) || key.starts_with("hugepages-") || key.starts_with("requests.hugepages-") {
-        return true;
-    }
-    // Extended resources are quotable only as `requests.<domain>/<name>` where the name is
-    // not in the `kubernetes.io/` namespace (`isExtendedResourceNameForQuota`).
-    key.strip_prefix("requests.").is_some_and(|rest| {
-        rest.contains('/') && !rest.starts_with("kubernetes.io/") && !rest.contains(".deviceclass.")
-    })
-}
-
-fn service_key(key: &str) -> bool {
-    matches!(key, "services" | "services.nodeports" | "services.loadbalancers")
-}
-
-fn pvc_key(key: &str) -> bool {
-    if matches!(key, "persistentvolumeclaims" | "requests.storage") {
-        return true;
-    }
-    key.split_once(".storageclass.storage.k8s.io/")
-        .is_some_and(|(class, rest)| {
-            !class.is_empty() && matches!(rest, "requests.storage" | "persistentvolumeclaims")
+/// The resources one hard key needs watched, and how much of each object. Empty for a key
+/// no evaluator matches (it stays absent) and for one that is always `0` under the quota's
+/// scopes. Resource claims (DRA) are not computed by lazyquota yet, so they demand nothing
+/// and their keys keep their previous value.
+pub fn needs(key: &str, scopes: &QuotaScopes, gates: FeatureGates) -> Vec<(GroupResource, Need)> {
+    plan_key(key, scopes, gates)
+        .needs
+        .into_iter()
+        .filter_map(|n| {
+            let need = match n.projection {
+                Projection::Metadata => Need::Count,
+                Projection::Pod | Projection::Service | Projection::PersistentVolumeClaim => Need::Typed,
+                Projection::ResourceClaim => return None,
+            };
+            Some((n.group_resource, need))
         })
+        .collect()
 }
 
-/// Parses `count/<resource>[.<group>]`.
-fn object_count(key: &str) -> Option<GroupResource> {
-    let rest = key.strip_prefix("count/")?;
-    if rest.is_empty() {
-        return None;
-    }
-    Some(match rest.split_once('.') {
-        Some((resource, group)) if !resource.is_empty() && !group.is_empty() => {
-            GroupResource::new(group, resource)
-        }
-        Some(_) => return None,
-        None => GroupResource::core(rest),
-    })
-}
-
-/// The plan for one hard key of a quota whose scopes (from `spec.scopes` and
-/// `spec.scopeSelector.matchExpressions[].scopeName`) are `scopes`.
-pub fn plan(key: &str, scopes: &[String]) -> KeyPlan {
-    let (resource, evaluator, need) = if pod_compute_key(key) {
-        (GroupResource::core("pods"), Evaluator::Pods, Need::Typed)
-    } else if service_key(key) {
-        (GroupResource::core("services"), Evaluator::Services, Need::Typed)
-    } else if pvc_key(key) {
-        (
-            GroupResource::core("persistentvolumeclaims"),
-            Evaluator::PersistentVolumeClaims,
-            Need::Typed,
-        )
-    } else if matches!(
-        key,
-        "configmaps" | "secrets" | "replicationcontrollers" | "resourcequotas"
-    ) {
-        (GroupResource::core(key), Evaluator::ObjectCount, Need::Count)
-    } else if let Some(resource) = object_count(key) {
-        let evaluator = match (resource.group.as_str(), resource.resource.as_str()) {
-            ("", "pods") => Evaluator::Pods,
-            ("", "services") => Evaluator::Services,
-            ("", "persistentvolumeclaims") => Evaluator::PersistentVolumeClaims,
-            _ => Evaluator::ObjectCount,
-        };
-        (resource, evaluator, Need::Count)
-    } else {
-        return KeyPlan::Unmatched;
-    };
-    let understood: &[&str] = match evaluator {
-        Evaluator::Pods => POD_SCOPES,
-        Evaluator::PersistentVolumeClaims => PVC_SCOPES,
-        Evaluator::Services | Evaluator::ObjectCount => &[],
-    };
-    // Upstream's count evaluator matches no scope even for count/pods (the pods evaluator's
-    // own `count/pods` is computed with the scope, so only the generic one is excluded).
-    let all_scopes_matchable = scopes.iter().all(|s| understood.contains(&s.as_str()));
-    let need = all_scopes_matchable.then_some(need);
-    KeyPlan::Computed {
-        resource,
-        evaluator,
-        need,
-    }
+/// The resources whose changes replenish a quota that has `key` in `status.hard`: those of
+/// every evaluator matching the key, whatever the scopes (upstream's `replenishQuota`).
+pub fn replenished_by(key: &str, gates: FeatureGates) -> Vec<GroupResource> {
+    plan_key(key, &QuotaScopes::none(), gates)
+        .evaluators
+        .iter()
+        .map(lazyquota_quota::Evaluator::group_resource)
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
+    use lazyquota_quota::scope::ScopeRequirement;
+
     use super::*;
 
-    fn computed(key: &str, scopes: &[&str]) -> (String, Evaluator, Option<Need>) {
-        let scopes: Vec<String> = scopes.iter().map(|s| (*s).to_owned()).collect();
-        match plan(key, &scopes) {
-            KeyPlan::Computed {
-                resource,
-                evaluator,
-                need,
-            } => (resource.object_count_name(), evaluator, need),
-            KeyPlan::Unmatched => panic!("{key} should be computed"),
-        }
+    fn scopes(names: &[&str]) -> QuotaScopes {
+        QuotaScopes::from_requirements(names.iter().map(|s| ScopeRequirement::from_scope(s)).collect())
+    }
+
+    fn one(key: &str, names: &[&str]) -> Option<(String, Need)> {
+        let mut needs = needs(key, &scopes(names), FeatureGates::default());
+        assert!(needs.len() <= 1, "{key}: {needs:?}");
+        needs.pop().map(|(r, n)| (r.object_count_name(), n))
     }
 
     #[test]
     fn keys_map_to_the_resources_upstream_evaluators_read() {
-        use Evaluator::*;
-        let rows: &[(&str, &str, Evaluator, Need)] = &[
-            ("pods", "count/pods", Pods, Need::Typed),
-            ("requests.cpu", "count/pods", Pods, Need::Typed),
-            ("limits.memory", "count/pods", Pods, Need::Typed),
-            ("hugepages-2Mi", "count/pods", Pods, Need::Typed),
-            ("requests.nvidia.com/gpu", "count/pods", Pods, Need::Typed),
-            ("count/pods", "count/pods", Pods, Need::Count),
-            ("services.nodeports", "count/services", Services, Need::Typed),
-            ("count/services", "count/services", Services, Need::Count),
-            (
-                "requests.storage",
-                "count/persistentvolumeclaims",
-                PersistentVolumeClaims,
-                Need::Typed,
-            ),
+        let rows: &[(&str, &str, Need)] = &[
+            ("pods", "count/pods", Need::Typed),
+            ("requests.cpu", "count/pods", Need::Typed),
+            ("limits.memory", "count/pods", Need::Typed),
+            ("hugepages-2Mi", "count/pods", Need::Typed),
+            ("requests.nvidia.com/gpu", "count/pods", Need::Typed),
+            ("count/pods", "count/pods", Need::Count),
+            ("services.nodeports", "count/services", Need::Typed),
+            ("services", "count/services", Need::Count),
+            ("count/services", "count/services", Need::Count),
+            ("requests.storage", "count/persistentvolumeclaims", Need::Typed),
             (
                 "gold.storageclass.storage.k8s.io/persistentvolumeclaims",
                 "count/persistentvolumeclaims",
-                PersistentVolumeClaims,
                 Need::Typed,
             ),
-            ("configmaps", "count/configmaps", ObjectCount, Need::Count),
+            (
+                "persistentvolumeclaims",
+                "count/persistentvolumeclaims",
+                Need::Count,
+            ),
+            ("configmaps", "count/configmaps", Need::Count),
             (
                 "count/widgets.example.io",
                 "count/widgets.example.io",
-                ObjectCount,
                 Need::Count,
             ),
-            (
-                "count/deployments.apps",
-                "count/deployments.apps",
-                ObjectCount,
-                Need::Count,
-            ),
+            ("count/deployments.apps", "count/deployments.apps", Need::Count),
         ];
-        for (key, resource, evaluator, need) in rows {
-            assert_eq!(
-                computed(key, &[]),
-                ((*resource).to_owned(), *evaluator, Some(*need)),
-                "key {key}"
-            );
+        for (key, resource, need) in rows {
+            assert_eq!(one(key, &[]), Some(((*resource).to_owned(), *need)), "key {key}");
         }
     }
 
@@ -229,37 +109,42 @@ mod tests {
         for key in [
             "limits.nvidia.com/gpu",
             "limits.hugepages-2Mi",
-            "count/",
-            "count/.apps",
             "foo",
-            "requests.kubernetes.io/x",
+            "count/events",
         ] {
-            assert_eq!(plan(key, &[]), KeyPlan::Unmatched, "key {key}");
+            assert_eq!(one(key, &[]), None, "key {key}");
         }
     }
 
     #[test]
     fn scopes_that_exclude_every_object_demand_no_watch() {
         assert_eq!(
-            computed("count/widgets.example.io", &["BestEffort"]).2,
+            one("count/widgets.example.io", &["BestEffort"]),
             None,
             "count/* under a scope is 0"
         );
+        assert_eq!(one("services", &["Terminating"]), None, "services match no scope");
         assert_eq!(
-            computed("services", &["Terminating"]).2,
-            None,
-            "services match no scope"
+            one("pods", &["BestEffort"]),
+            Some(("count/pods".into(), Need::Typed))
         );
-        assert_eq!(computed("pods", &["BestEffort"]).2, Some(Need::Typed));
         assert_eq!(
-            computed("requests.cpu", &["PriorityClass", "NotTerminating"]).2,
-            Some(Need::Typed)
+            one("count/pods", &["NotTerminating"]),
+            Some(("count/pods".into(), Need::Typed))
         );
-        assert_eq!(computed("pods", &["VolumeAttributesClass"]).2, None);
+    }
+
+    #[test]
+    fn replenishment_follows_every_matching_evaluator() {
+        let gates = FeatureGates::default();
         assert_eq!(
-            computed("requests.storage", &["VolumeAttributesClass"]).2,
-            Some(Need::Typed)
+            replenished_by("configmaps", gates),
+            vec![GroupResource::core("configmaps")]
         );
-        assert_eq!(computed("requests.storage", &["BestEffort"]).2, None);
+        assert_eq!(
+            replenished_by("requests.cpu", gates),
+            vec![GroupResource::core("pods")]
+        );
+        assert!(replenished_by("limits.nvidia.com/gpu", gates).is_empty());
     }
 }

@@ -10,9 +10,13 @@
 //! - [`demand`]: what one hard key needs watched (upstream's evaluator matching).
 //! - [`policy`]: quotas and the reference-counted demand, mutations return diffs.
 //! - [`store`]: object identities and projections per (cluster, resource, namespace).
+//! - [`queue`]: the reconciler's work queue (dedup, per-key backoff).
+//! - [`resolver`]: which resources each cluster serves and can be quota'd (discovery).
 //! - [`keys`]: identities, all carrying the logical cluster.
 
 pub mod demand;
 pub mod keys;
 pub mod policy;
+pub mod queue;
+pub mod resolver;
 pub mod store;

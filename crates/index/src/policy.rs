@@ -4,22 +4,24 @@
 //! returns the demand changes it caused, so the monitor manager never rescans.
 //!
 //! ```text
-//!  QuotaKey ──► QuotaEntry { plans: key → KeyPlan, status_hard keys, payload T }
-//!                   │ each Computed plan with a need
+//!  QuotaKey ──► QuotaEntry { demands: resource → need, status_hard resources, payload T }
+//!                   │ from each spec.hard key (demand::needs)
 //!                   ▼
 //!  (cluster, resource) ──► namespace ──► { count refs, typed refs }   = demand
 //! ```
 //!
-//! Cost: per quota, its key plans (~80 B per hard key) and the caller's payload; per demanded
-//! (cluster, resource, namespace), one map entry (~64 B).
+//! Cost: per quota, one map entry per demanded and per replenishing resource (~80 B each) and
+//! the caller's payload; per demanded (cluster, resource, namespace), one map entry (~64 B).
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     sync::Arc,
 };
 
+use lazyquota_quota::{FeatureGates, QuotaScopes};
+
 use crate::{
-    demand::{KeyPlan, plan},
+    demand::{needs, replenished_by},
     keys::{ClusterName, GroupResource, Need, QuotaKey},
 };
 
@@ -30,16 +32,14 @@ pub struct QuotaPolicy {
     pub spec_hard: Vec<String>,
     /// The keys of `status.hard`: what replenishment matches on, as upstream does.
     pub status_hard: Vec<String>,
-    /// Scope names from `spec.scopes` and `spec.scopeSelector.matchExpressions[].scopeName`.
-    pub scopes: Vec<String>,
+    /// `spec.scopes` and `spec.scopeSelector`.
+    pub scopes: QuotaScopes,
 }
 
 /// One quota in the index.
 #[derive(Debug)]
 pub struct QuotaEntry<T> {
-    /// The plan of each `spec.hard` key.
-    pub plans: BTreeMap<String, KeyPlan>,
-    /// The `status.hard` keys' plans (replenishment routing).
+    /// The resources of the `status.hard` keys' evaluators (replenishment routing).
     status_resources: BTreeSet<GroupResource>,
     /// What this quota adds to the demand: resource → need.
     demands: BTreeMap<GroupResource, Need>,
@@ -100,51 +100,34 @@ pub type NamespaceDemand = BTreeMap<Arc<str>, Need>;
 /// The index. `T` is whatever the caller keeps per quota (the parsed spec and status).
 #[derive(Debug)]
 pub struct PolicyIndex<T> {
+    gates: FeatureGates,
     quotas: HashMap<QuotaKey, QuotaEntry<T>>,
     demand: BTreeMap<(ClusterName, GroupResource), BTreeMap<Arc<str>, Refs>>,
 }
 
-impl<T> Default for PolicyIndex<T> {
-    fn default() -> Self {
+impl<T> PolicyIndex<T> {
+    /// An empty index; `gates` decide which evaluators match which keys, as in the target KCM.
+    pub fn new(gates: FeatureGates) -> Self {
         Self {
+            gates,
             quotas: HashMap::new(),
             demand: BTreeMap::new(),
         }
     }
-}
-
-impl<T> PolicyIndex<T> {
-    /// An empty index.
-    pub fn new() -> Self {
-        Self::default()
-    }
 
     /// Adds or replaces a quota; returns the demand changes.
     pub fn apply(&mut self, key: QuotaKey, policy: &QuotaPolicy, payload: T) -> Vec<DemandChange> {
-        let plans: BTreeMap<String, KeyPlan> = policy
-            .spec_hard
-            .iter()
-            .map(|k| (k.clone(), plan(k, &policy.scopes)))
-            .collect();
         let mut demands = BTreeMap::new();
-        for p in plans.values() {
-            if let KeyPlan::Computed {
-                resource,
-                need: Some(need),
-                ..
-            } = p
-            {
-                let slot = demands.entry(resource.clone()).or_insert(*need);
-                *slot = (*slot).max(*need);
+        for key in &policy.spec_hard {
+            for (resource, need) in needs(key, &policy.scopes, self.gates) {
+                let slot = demands.entry(resource).or_insert(need);
+                *slot = (*slot).max(need);
             }
         }
         let status_resources = policy
             .status_hard
             .iter()
-            .filter_map(|k| match plan(k, &[]) {
-                KeyPlan::Computed { resource, .. } => Some(resource),
-                KeyPlan::Unmatched => None,
-            })
+            .flat_map(|k| replenished_by(k, self.gates))
             .collect();
         let old = self.quotas.remove(&key);
         let mut changes = Vec::new();
@@ -153,7 +136,6 @@ impl<T> PolicyIndex<T> {
         self.quotas.insert(
             key,
             QuotaEntry {
-                plans,
                 status_resources,
                 demands,
                 payload,
@@ -361,7 +343,12 @@ mod tests {
         QuotaPolicy {
             spec_hard: keys.iter().map(|k| (*k).to_owned()).collect(),
             status_hard: keys.iter().map(|k| (*k).to_owned()).collect(),
-            scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
+            scopes: QuotaScopes::from_requirements(
+                scopes
+                    .iter()
+                    .map(|s| lazyquota_quota::scope::ScopeRequirement::from_scope(s))
+                    .collect(),
+            ),
         }
     }
 
@@ -375,7 +362,7 @@ mod tests {
 
     #[test]
     fn demand_is_reference_counted_across_quotas() {
-        let mut index = PolicyIndex::new();
+        let mut index = PolicyIndex::new(FeatureGates::default());
         let start = index.apply(key("a", "q1"), &policy(&["pods"], &[]), ());
         assert_eq!(start.len(), 1);
         assert_eq!((start[0].from, start[0].to), (None, Some(Need::Typed)));
@@ -392,7 +379,7 @@ mod tests {
 
     #[test]
     fn count_and_typed_needs_upgrade_and_downgrade() {
-        let mut index = PolicyIndex::new();
+        let mut index = PolicyIndex::new(FeatureGates::default());
         index.apply(key("a", "q1"), &policy(&["count/pods"], &[]), ());
         let up = index.apply(key("a", "q2"), &policy(&["pods"], &[]), ());
         assert_eq!((up[0].from, up[0].to), (Some(Need::Count), Some(Need::Typed)));
@@ -402,7 +389,7 @@ mod tests {
 
     #[test]
     fn only_demanding_namespaces_are_demanded() {
-        let mut index = PolicyIndex::new();
+        let mut index = PolicyIndex::new(FeatureGates::default());
         index.apply(key("ns-7", "q"), &policy(&["pods"], &[]), ());
         let demand = index.demand_of(&ClusterName::new("c"), &pods());
         assert_eq!(demand.keys().map(|k| &**k).collect::<Vec<_>>(), vec!["ns-7"]);
@@ -410,7 +397,7 @@ mod tests {
 
     #[test]
     fn editing_count_x_to_count_y_moves_the_demand() {
-        let mut index = PolicyIndex::new();
+        let mut index = PolicyIndex::new(FeatureGates::default());
         index.apply(key("a", "q"), &policy(&["count/x.example.io"], &[]), ());
         let mut changes = index.apply(key("a", "q"), &policy(&["count/y.example.io"], &[]), ());
         changes.sort();
@@ -429,7 +416,7 @@ mod tests {
 
     #[test]
     fn replenishment_routes_by_status_hard() {
-        let mut index = PolicyIndex::new();
+        let mut index = PolicyIndex::new(FeatureGates::default());
         let mut p = policy(&["pods"], &[]);
         p.status_hard = vec![];
         index.apply(key("a", "q"), &p, ());
@@ -489,7 +476,7 @@ mod tests {
         #[test]
         fn demand_equals_recomputation_from_scratch(ops in prop::collection::vec(op(), 0..40)) {
             let cluster = ClusterName::new("c");
-            let mut index = PolicyIndex::new();
+            let mut index = PolicyIndex::new(FeatureGates::default());
             let mut replayed: BTreeMap<(GroupResource, Arc<str>), Need> = BTreeMap::new();
             let mut truth: BTreeMap<QuotaKey, QuotaPolicy> = BTreeMap::new();
             for op in ops {
@@ -519,7 +506,7 @@ mod tests {
                     }
                 }
             }
-            let mut fresh = PolicyIndex::new();
+            let mut fresh = PolicyIndex::new(FeatureGates::default());
             for (key, policy) in &truth {
                 fresh.apply(key.clone(), policy, ());
             }

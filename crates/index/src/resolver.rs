@@ -1,0 +1,205 @@
+//! The ResourceResolver: which resources each logical cluster serves and can be quota'd, from
+//! discovery results. A demanded resource that is not served yet (a CRD not created yet) is
+//! **pending**; it resolves the moment a discovery run sees it.
+//!
+//! Quotable, as upstream's `GetQuotableResources`: namespaced, at the group's preferred
+//! version, supporting all of create, list, watch and delete, and not in the upstream ignored
+//! list (`DefaultIgnoredResources`).
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::keys::{ClusterName, GroupResource};
+
+/// A served resource, as discovery reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServedResource {
+    /// API group and plural resource name.
+    pub resource: GroupResource,
+    /// The version to watch (the group's preferred version that serves it).
+    pub version: String,
+    /// The kind.
+    pub kind: String,
+    /// Whether the resource is namespaced.
+    pub namespaced: bool,
+    /// The verbs it supports.
+    pub verbs: Vec<String>,
+}
+
+impl ServedResource {
+    /// Whether upstream would monitor it for quota.
+    pub fn quotable(&self) -> bool {
+        const NEEDED: [&str; 4] = ["create", "list", "watch", "delete"];
+        self.namespaced
+            && NEEDED.iter().all(|v| self.verbs.iter().any(|have| have == v))
+            && !lazyquota_quota::names::is_ignored_resource(&self.resource)
+    }
+}
+
+/// What changed between two discovery runs of a cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResolverChange {
+    /// A quotable resource appeared (a CRD became served).
+    Served(GroupResource),
+    /// A resource is no longer served or no longer quotable (a CRD was deleted).
+    Gone(GroupResource),
+    /// A resource's preferred version or kind changed: its watches must restart.
+    Changed(GroupResource),
+}
+
+/// The resolver for all clusters.
+#[derive(Debug, Default)]
+pub struct Resolver {
+    clusters: HashMap<ClusterName, BTreeMap<GroupResource, ServedResource>>,
+}
+
+impl Resolver {
+    /// An empty resolver (nothing resolves until the first discovery run).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Replaces what `cluster` serves with a discovery run's results; keeps only quotable
+    /// resources; returns what changed.
+    ///
+    /// `failed_groups` are API groups whose discovery failed in this run (an unavailable
+    /// aggregated API): as upstream does, their previously known resources are kept rather
+    /// than dropped, so one broken APIService does not stop the watches of its resources.
+    pub fn replace(
+        &mut self,
+        cluster: &ClusterName,
+        served: impl IntoIterator<Item = ServedResource>,
+        failed_groups: &[String],
+    ) -> Vec<ResolverChange> {
+        let old = self.clusters.remove(cluster).unwrap_or_default();
+        let mut new: BTreeMap<GroupResource, ServedResource> = served
+            .into_iter()
+            .filter(ServedResource::quotable)
+            .map(|s| (s.resource.clone(), s))
+            .collect();
+        for (resource, served) in &old {
+            if failed_groups.iter().any(|g| g == &resource.group) && !new.contains_key(resource) {
+                new.insert(resource.clone(), served.clone());
+            }
+        }
+        let mut changes = Vec::new();
+        for (resource, was) in &old {
+            match new.get(resource) {
+                None => changes.push(ResolverChange::Gone(resource.clone())),
+                Some(now) if now.version != was.version || now.kind != was.kind => {
+                    changes.push(ResolverChange::Changed(resource.clone()));
+                }
+                Some(_) => {}
+            }
+        }
+        changes.extend(
+            new.keys()
+                .filter(|r| !old.contains_key(*r))
+                .cloned()
+                .map(ResolverChange::Served),
+        );
+        self.clusters.insert(cluster.clone(), new);
+        changes
+    }
+
+    /// Forgets a cluster.
+    pub fn remove_cluster(&mut self, cluster: &ClusterName) {
+        self.clusters.remove(cluster);
+    }
+
+    /// Whether discovery has run at least once for `cluster`.
+    pub fn knows(&self, cluster: &ClusterName) -> bool {
+        self.clusters.contains_key(cluster)
+    }
+
+    /// The served, quotable resource, if any.
+    pub fn get(&self, cluster: &ClusterName, resource: &GroupResource) -> Option<&ServedResource> {
+        self.clusters.get(cluster)?.get(resource)
+    }
+
+    /// Every quotable resource of a cluster (eager mode watches them all).
+    pub fn quotable(&self, cluster: &ClusterName) -> impl Iterator<Item = &ServedResource> {
+        self.clusters.get(cluster).into_iter().flat_map(BTreeMap::values)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn served(group: &str, resource: &str, version: &str) -> ServedResource {
+        ServedResource {
+            resource: GroupResource::new(group, resource),
+            version: version.into(),
+            kind: "Kind".into(),
+            namespaced: true,
+            verbs: ["create", "delete", "get", "list", "watch", "update"]
+                .map(String::from)
+                .to_vec(),
+        }
+    }
+
+    #[test]
+    fn only_quotable_resources_resolve() {
+        let cluster = ClusterName::new("c");
+        let mut resolver = Resolver::new();
+        let mut cluster_scoped = served("", "namespaces", "v1");
+        cluster_scoped.namespaced = false;
+        let mut no_watch = served("example.io", "reviews", "v1");
+        no_watch.verbs.retain(|v| v != "watch");
+        resolver.replace(
+            &cluster,
+            [
+                served("", "pods", "v1"),
+                served("", "events", "v1"),
+                cluster_scoped,
+                no_watch,
+            ],
+            &[],
+        );
+        assert!(resolver.get(&cluster, &GroupResource::core("pods")).is_some());
+        assert!(
+            resolver.get(&cluster, &GroupResource::core("events")).is_none(),
+            "events are ignored upstream"
+        );
+        assert!(
+            resolver
+                .get(&cluster, &GroupResource::core("namespaces"))
+                .is_none()
+        );
+        assert!(
+            resolver
+                .get(&cluster, &GroupResource::new("example.io", "reviews"))
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn crds_appear_change_and_go() {
+        let cluster = ClusterName::new("c");
+        let mut resolver = Resolver::new();
+        assert_eq!(
+            resolver.replace(&cluster, [served("", "pods", "v1")], &[]).len(),
+            1
+        );
+        let widgets = GroupResource::new("example.io", "widgets");
+        let appear = resolver.replace(
+            &cluster,
+            [served("", "pods", "v1"), served("example.io", "widgets", "v1")],
+            &[],
+        );
+        assert_eq!(appear, vec![ResolverChange::Served(widgets.clone())]);
+        let change = resolver.replace(
+            &cluster,
+            [served("", "pods", "v1"), served("example.io", "widgets", "v2")],
+            &[],
+        );
+        assert_eq!(change, vec![ResolverChange::Changed(widgets.clone())]);
+        let kept = resolver.replace(&cluster, [served("", "pods", "v1")], &["example.io".to_owned()]);
+        assert!(
+            kept.is_empty(),
+            "a group whose discovery failed keeps its resources"
+        );
+        let gone = resolver.replace(&cluster, [served("", "pods", "v1")], &[]);
+        assert_eq!(gone, vec![ResolverChange::Gone(widgets)]);
+    }
+}
