@@ -1,15 +1,11 @@
 //! The `lazyquota` binary: CLI and wiring. The work happens in the library crates.
 
-use std::{path::PathBuf, process::ExitCode};
+use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use futures::{StreamExt as _, TryStreamExt as _};
-use k8s_openapi::api::core::v1::ResourceQuota;
-use kube::{
-    Api, ResourceExt as _,
-    runtime::{WatchStreamExt as _, watcher},
-};
+use lazyquota_index::keys::ClusterName;
+use lazyquota_kube::controller::{Config, Controller, Mode};
 use tracing::info;
 
 /// A Kubernetes ResourceQuota controller that watches a resource type only while some
@@ -42,9 +38,62 @@ struct ClusterArgs {
 struct RunArgs {
     #[command(flatten)]
     cluster: ClusterArgs,
+    /// Which resource types are watched: only those some ResourceQuota constrains (lazy), or
+    /// every quotable type, as upstream KCM does (eager; kept for comparison).
+    #[arg(long, value_enum, default_value_t = ModeArg::Lazy)]
+    mode: ModeArg,
+    /// Full recalculation of every quota (KCM: --resource-quota-sync-period). 0 disables.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    resync_period: Duration,
+    /// Quotas computed and written at once (KCM: --concurrent-resource-quota-syncs).
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..))]
+    concurrency: u16,
+    /// Compute and report status.used (log lines and a metric per disagreeing key), never write.
+    #[arg(long)]
+    shadow: bool,
+    /// Above this many namespaces demanding a resource type, watch it cluster-wide (filtered at
+    /// ingest) instead of with one watch per namespace.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    namespace_watch_threshold: usize,
+    /// Safety-net discovery poll; CRD and APIService changes trigger discovery at once.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    discovery_poll: Duration,
+    /// Streaming lists (sendInitialEvents): probe the server once (auto), or force.
+    #[arg(long, value_enum, default_value_t = StreamingLists::Auto)]
+    streaming_lists: StreamingLists,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ModeArg {
+    Lazy,
+    Eager,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum StreamingLists {
+    Auto,
+    On,
+    Off,
+}
+
+/// Parses `90s`, `5m`, `1h`, `250ms` or a plain number of seconds.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 30s, 5m or 1h"))?;
+    match unit {
+        "" | "s" => Ok(Duration::from_secs(number)),
+        "ms" => Ok(Duration::from_millis(number)),
+        "m" => Ok(Duration::from_secs(number * 60)),
+        "h" => Ok(Duration::from_secs(number * 3600)),
+        _ => Err(format!("{text:?}: unknown unit {unit:?} (use ms, s, m or h)")),
+    }
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -93,6 +142,13 @@ fn init_tracing(format: LogFormat) {
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let RunArgs {
         cluster: ClusterArgs { kubeconfig, context },
+        mode,
+        resync_period,
+        concurrency,
+        shadow,
+        namespace_watch_threshold,
+        discovery_poll,
+        streaming_lists,
         log_format,
     } = args;
     init_tracing(log_format);
@@ -103,23 +159,36 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .context("cannot reach the kube-apiserver")?;
     info!(version = %version.git_version, "connected");
 
-    let quotas: Api<ResourceQuota> = Api::all(client);
-    let mut events = watcher(quotas, watcher::Config::default())
-        .default_backoff()
-        .applied_objects()
-        .boxed();
-    loop {
-        tokio::select! {
-            quota = events.try_next() => {
-                let Some(quota) = quota.context("watching ResourceQuotas")? else { break };
-                let hard = quota.spec.as_ref().and_then(|s| s.hard.as_ref()).map(|h| h.keys().cloned().collect::<Vec<_>>());
-                info!(namespace = quota.namespace().unwrap_or_default(), name = quota.name_any(), ?hard, "quota");
-            }
-            _ = tokio::signal::ctrl_c() => {
-                info!("shutting down");
-                break;
-            }
-        }
-    }
+    let config = Config {
+        cluster: ClusterName::new(context.as_deref().unwrap_or("default")),
+        mode: match mode {
+            ModeArg::Lazy => Mode::Lazy,
+            ModeArg::Eager => Mode::Eager,
+        },
+        resync_period,
+        concurrency: usize::from(concurrency),
+        shadow,
+        namespace_watch_threshold,
+        discovery_poll,
+        streaming_lists: match streaming_lists {
+            StreamingLists::Auto => None,
+            StreamingLists::On => Some(true),
+            StreamingLists::Off => Some(false),
+        },
+        ..Config::default()
+    };
+    let (controller, _snapshots) = Controller::new(client, config);
+    controller.run(shutdown_signal()).await?;
+    info!("stopped");
     Ok(())
+}
+
+/// Completes on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        Some(()) = async { match term.as_mut() { Some(t) => t.recv().await, None => std::future::pending().await } } => {}
+    }
+    info!("shutdown signal received");
 }

@@ -32,6 +32,20 @@ pub trait HeapSize {
 
 impl HeapSize for () {}
 
+impl HeapSize for lazyquota_quota::PodProjection {
+    fn heap_bytes(&self) -> usize {
+        lazyquota_quota::PodProjection::heap_bytes(self)
+    }
+}
+
+impl HeapSize for lazyquota_quota::ServiceProjection {}
+
+impl HeapSize for lazyquota_quota::PvcProjection {
+    fn heap_bytes(&self) -> usize {
+        lazyquota_quota::PvcProjection::heap_bytes(self)
+    }
+}
+
 /// A partition: one resource in one namespace of one cluster.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
 pub struct PartitionKey {

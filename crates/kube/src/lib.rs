@@ -2,3 +2,6 @@
 //! is a thin loop around a pure state machine from `lazyquota-index` / `lazyquota-quota`.
 
 pub mod client;
+pub mod controller;
+pub mod discovery;
+pub mod watch;

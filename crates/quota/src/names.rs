@@ -289,7 +289,9 @@ pub fn is_dns1123_subdomain(value: &str) -> bool {
             let lower_alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
             match (bytes.first(), bytes.last()) {
                 (Some(&first), Some(&last)) => {
-                    lower_alnum(first) && lower_alnum(last) && bytes.iter().all(|&b| lower_alnum(b) || b == b'-')
+                    lower_alnum(first)
+                        && lower_alnum(last)
+                        && bytes.iter().all(|&b| lower_alnum(b) || b == b'-')
                 }
                 _ => false,
             }

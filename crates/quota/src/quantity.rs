@@ -435,8 +435,7 @@ fn parse(input: &str) -> Result<Quantity, QuantityError> {
             None
         } else {
             // Upstream rounds non-zero values up (away from zero) to the nano scale.
-            big.to_u128()
-                .and_then(|v| v.checked_add(u128::from(inexact)))
+            big.to_u128().and_then(|v| v.checked_add(u128::from(inexact)))
         }
     };
     let magnitude = match (format, magnitude) {
@@ -554,7 +553,7 @@ impl BigUint {
 /// Removes factors of `base` from `value`, returning the reduced value and the count.
 fn remove_factors(mut value: u128, base: u128) -> (u128, i32) {
     let mut times = 0;
-    while value >= base && value % base == 0 {
+    while value >= base && value.is_multiple_of(base) {
         value /= base;
         times += 1;
     }
@@ -616,14 +615,13 @@ impl fmt::Display for Quantity {
                 let units = magnitude / NANOS_PER_UNIT.unsigned_abs();
                 let (mantissa, times) = remove_factors(units, 1024);
                 let suffix = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
-                match usize::try_from(times).ok().and_then(|t| suffix.get(t)) {
-                    Some(suffix) => write!(f, "{sign}{mantissa}{suffix}"),
-                    None => {
-                        // Past Ei there is no binary suffix; the newest upstream falls back to
-                        // an exact exponent form instead of dropping the magnitude.
-                        let (mantissa, exponent) = canonical_decimal(magnitude);
-                        write_exponent_form(f, sign, mantissa, exponent)
-                    }
+                if let Some(suffix) = usize::try_from(times).ok().and_then(|t| suffix.get(t)) {
+                    write!(f, "{sign}{mantissa}{suffix}")
+                } else {
+                    // Past Ei there is no binary suffix; the newest upstream falls back to an
+                    // exact exponent form instead of dropping the magnitude.
+                    let (mantissa, exponent) = canonical_decimal(magnitude);
+                    write_exponent_form(f, sign, mantissa, exponent)
                 }
             }
             Format::DecimalSI => {

@@ -56,7 +56,7 @@ impl fmt::Display for UsageKey<'_> {
 /// An object an evaluator can charge to a quota: a compact projection of a typed object.
 pub trait QuotaObject {
     /// Whether the object matches one scope requirement (the evaluator's `MatchesScopeFunc`).
-    fn matches_scope(&self, requirement: &ScopeRequirement, gates: &FeatureGates) -> Result<bool, ScopeError>;
+    fn matches_scope(&self, requirement: &ScopeRequirement, gates: FeatureGates) -> Result<bool, ScopeError>;
 
     /// Calls `emit` for each usage entry of the object at instant `now` (the evaluator's
     /// `Usage`). Keys are emitted at most once.
@@ -73,7 +73,7 @@ pub trait QuotaObject {
 
     /// Whether the object matches every requirement (AND, evaluating all of them like
     /// upstream, so a later invalid requirement still errors after an earlier mismatch).
-    fn matches_scopes(&self, scopes: &QuotaScopes, gates: &FeatureGates) -> Result<bool, ScopeError> {
+    fn matches_scopes(&self, scopes: &QuotaScopes, gates: FeatureGates) -> Result<bool, ScopeError> {
         let mut matches = true;
         for requirement in scopes.requirements() {
             matches &= self.matches_scope(requirement, gates)?;
@@ -104,7 +104,7 @@ pub fn calculate_usage<'o, T, I, S>(
     scopes: &QuotaScopes,
     objects: I,
     now: Time,
-    gates: &FeatureGates,
+    gates: FeatureGates,
 ) -> UsageStats
 where
     T: QuotaObject + ?Sized + 'o,
@@ -134,10 +134,7 @@ where
         }
     }
     UsageStats {
-        used: accumulators
-            .into_iter()
-            .map(|(k, q)| (k.to_owned(), q))
-            .collect(),
+        used: accumulators.into_iter().map(|(k, q)| (k.to_owned(), q)).collect(),
         scope_error,
     }
 }

@@ -1,0 +1,275 @@
+//! Watch streams, reduced at once to what the store keeps.
+//!
+//! A count-only demand uses a metadata-only watch (`PartialObjectMetadata`); pods, services
+//! and PVCs use a typed watch whose objects are turned into the quota crate's compact
+//! projection as they arrive, so a full object never outlives its event.
+//!
+//! No task per watch: every stream is polled by the controller's single task (a
+//! `SelectAll`). The transport still holds one HTTP/1.1 connection per open watch, because
+//! kube-client speaks only HTTP/1.1 and a watch occupies its connection for its lifetime.
+
+use std::{fmt, sync::Arc};
+
+use futures::{
+    StreamExt as _,
+    stream::{AbortHandle, Abortable, BoxStream},
+};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod, Service};
+use kube::{
+    Api, Client, Resource, ResourceExt as _,
+    api::{ApiResource, DynamicObject, PartialObjectMeta, WatchParams},
+    core::WatchEvent,
+    runtime::{WatchStreamExt as _, watcher},
+};
+use lazyquota_index::{
+    keys::{ClusterName, GroupResource, Need},
+    resolver::ServedResource,
+};
+use lazyquota_quota::{FeatureGates, Interner, PodProjection, PvcProjection, ServiceProjection};
+use serde::de::DeserializeOwned;
+
+/// What one watch is for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WatchKey {
+    /// The logical cluster.
+    pub cluster: ClusterName,
+    /// The resource.
+    pub resource: GroupResource,
+    /// One namespace, or `None` for a cluster-wide watch filtered at ingest.
+    pub namespace: Option<String>,
+    /// Metadata only, or the typed projection.
+    pub need: Need,
+}
+
+impl fmt::Display for WatchKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let resource = self.resource.object_count_name();
+        let resource = resource.trim_start_matches("count/");
+        match &self.namespace {
+            Some(ns) => write!(f, "{}|{resource} in {ns} ({:?})", self.cluster, self.need),
+            None => write!(f, "{}|{resource} cluster-wide ({:?})", self.cluster, self.need),
+        }
+    }
+}
+
+/// What the store keeps of one object.
+#[derive(Debug)]
+pub enum Projected {
+    /// Existence only.
+    Meta,
+    /// A pod's projection.
+    Pod(PodProjection),
+    /// A service's projection.
+    Service(ServiceProjection),
+    /// A PVC's projection.
+    Pvc(PvcProjection),
+    /// The object could not be projected (it names the reason); it is left out of sums.
+    Malformed(String),
+}
+
+/// One object of a watch event.
+#[derive(Debug)]
+pub struct ObjectEvent {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// What the store keeps of it.
+    pub object: Projected,
+}
+
+/// One event of a watch.
+#[derive(Debug)]
+pub enum WatchItem {
+    /// A (re)list starts: a fresh generation follows.
+    Init,
+    /// An object of the (re)list.
+    InitApply(ObjectEvent),
+    /// The (re)list is complete.
+    InitDone,
+    /// An object was added or modified.
+    Apply(ObjectEvent),
+    /// An object was deleted.
+    Delete(ObjectEvent),
+    /// The watch failed and retries with backoff: a short `reason` label for metrics, and
+    /// the error's text.
+    Failed(&'static str, String),
+}
+
+/// Per-watch options.
+#[derive(Clone, Copy, Debug)]
+pub struct WatchOptions {
+    /// Use streaming lists (`sendInitialEvents`) instead of paginated list + watch.
+    pub streaming_lists: bool,
+    /// Feature gates for projections.
+    pub gates: FeatureGates,
+}
+
+/// An abortable, tagged watch stream and its abort handle.
+pub type Tagged<T> = BoxStream<'static, (T, WatchItem)>;
+
+/// Opens the watch for `key` (not polled until the caller polls it). Dropping or aborting
+/// it closes its connection.
+pub fn open<T: Clone + Send + 'static>(
+    client: &Client,
+    served: &ServedResource,
+    key: &WatchKey,
+    options: WatchOptions,
+    interner: &Arc<Interner>,
+    tag: T,
+) -> (Tagged<T>, AbortHandle) {
+    let mut config = watcher::Config::default();
+    if options.streaming_lists {
+        config = config.streaming_lists();
+    }
+    let ns = key.namespace.as_deref();
+    let gates = options.gates;
+    let stream = match (
+        key.need,
+        served.resource.group.as_str(),
+        served.resource.resource.as_str(),
+    ) {
+        (Need::Typed, "", "pods") => {
+            let interner = interner.clone();
+            typed::<Pod>(client, ns, config, move |p| {
+                match PodProjection::from_pod(p, gates, &interner) {
+                    Ok(p) => Projected::Pod(p),
+                    Err(e) => Projected::Malformed(e.to_string()),
+                }
+            })
+        }
+        (Need::Typed, "", "services") => typed::<Service>(client, ns, config, |s| {
+            Projected::Service(ServiceProjection::from_service(s))
+        }),
+        (Need::Typed, "", "persistentvolumeclaims") => {
+            let interner = interner.clone();
+            typed::<PersistentVolumeClaim>(client, ns, config, move |c| {
+                match PvcProjection::from_pvc(c, &interner) {
+                    Ok(p) => Projected::Pvc(p),
+                    Err(e) => Projected::Malformed(e.to_string()),
+                }
+            })
+        }
+        _ => metadata(client, served, ns, config),
+    };
+    let (stream, handle) = futures::stream::abortable(stream);
+    let stream: Abortable<_> = stream;
+    (stream.map(move |item| (tag.clone(), item)).boxed(), handle)
+}
+
+fn typed<K>(
+    client: &Client,
+    namespace: Option<&str>,
+    config: watcher::Config,
+    project: impl Fn(&K) -> Projected + Send + 'static,
+) -> BoxStream<'static, WatchItem>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + fmt::Debug
+        + Send
+        + 'static,
+{
+    let api: Api<K> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    events(watcher(api, config).default_backoff().boxed(), project)
+}
+
+fn metadata(
+    client: &Client,
+    served: &ServedResource,
+    namespace: Option<&str>,
+    config: watcher::Config,
+) -> BoxStream<'static, WatchItem> {
+    let resource = ApiResource {
+        group: served.resource.group.clone(),
+        version: served.version.clone(),
+        api_version: if served.resource.group.is_empty() {
+            served.version.clone()
+        } else {
+            format!("{}/{}", served.resource.group, served.version)
+        },
+        kind: served.kind.clone(),
+        plural: served.resource.resource.clone(),
+    };
+    let api: Api<PartialObjectMeta<DynamicObject>> = match namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    };
+    events(watcher(api, config).default_backoff().boxed(), |_| {
+        Projected::Meta
+    })
+}
+
+fn events<K: Resource + Send + 'static>(
+    stream: BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>,
+    project: impl Fn(&K) -> Projected + Send + 'static,
+) -> BoxStream<'static, WatchItem> {
+    stream
+        .map(move |event| match event {
+            Ok(watcher::Event::Init) => WatchItem::Init,
+            Ok(watcher::Event::InitDone) => WatchItem::InitDone,
+            Ok(watcher::Event::InitApply(o)) => WatchItem::InitApply(object_event(&o, &project)),
+            Ok(watcher::Event::Apply(o)) => WatchItem::Apply(object_event(&o, &project)),
+            Ok(watcher::Event::Delete(o)) => WatchItem::Delete(object_event(&o, &project)),
+            Err(e) => WatchItem::Failed(failure_reason(&e), e.to_string()),
+        })
+        .boxed()
+}
+
+fn object_event<K: Resource>(object: &K, project: &impl Fn(&K) -> Projected) -> ObjectEvent {
+    ObjectEvent {
+        namespace: object.namespace().unwrap_or_default(),
+        name: object.name_any(),
+        object: project(object),
+    }
+}
+
+/// A short, bounded label for a watch failure (metrics and Events).
+fn failure_reason(error: &watcher::Error) -> &'static str {
+    let api = match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchError(s) => Some(s.code),
+        _ => None,
+    };
+    match api {
+        Some(401) => "unauthorized",
+        Some(403) => "forbidden",
+        Some(404) => "not_found",
+        Some(410) => "expired",
+        Some(500..=599) => "server_error",
+        Some(_) => "api_error",
+        None => match error {
+            watcher::Error::NoResourceVersion => "no_resource_version",
+            _ => "transport",
+        },
+    }
+}
+
+/// Whether the apiserver serves streaming lists (`sendInitialEvents`, the `WatchList`
+/// feature): asks once for a streaming watch of namespaces and looks at the first event.
+/// Servers without the feature reject the request (422) or ignore the parameter.
+pub async fn probe_streaming_lists(client: &Client) -> bool {
+    let api: Api<PartialObjectMeta<Namespace>> = Api::all(client.clone());
+    let params = WatchParams::streaming_lists().timeout(5);
+    let Ok(stream) = api.watch_metadata(&params, "0").await else {
+        return false;
+    };
+    let mut stream = stream.boxed();
+    // A server that honours sendInitialEvents ends the initial events with a bookmark
+    // annotated `k8s.io/initial-events-end`; look at most at a bounded number of events.
+    for _ in 0..10_000 {
+        match stream.next().await {
+            Some(Ok(WatchEvent::Bookmark(b))) => {
+                return b.metadata.annotations.contains_key("k8s.io/initial-events-end");
+            }
+            Some(Ok(_)) => {}
+            _ => return false,
+        }
+    }
+    false
+}

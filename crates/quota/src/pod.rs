@@ -1,0 +1,722 @@
+//! The pods evaluator (`pkg/quota/v1/evaluator/core/pods.go`) over a compact projection, with
+//! the pod resource maths of `k8s.io/component-helpers/resource/helpers.go`.
+
+use std::collections::BTreeMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{
+    Container, ContainerStatus, Pod, PodAffinityTerm, ResourceRequirements, WeightedPodAffinityTerm,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
+
+use crate::gates::FeatureGates;
+use crate::intern::Interner;
+use crate::names::{
+    COUNT_PODS, CPU, EPHEMERAL_STORAGE, LIMITS_CPU, LIMITS_EPHEMERAL_STORAGE, LIMITS_MEMORY, MEMORY, PODS,
+    REQUESTS_CPU, REQUESTS_EPHEMERAL_STORAGE, REQUESTS_MEMORY, REQUESTS_PREFIX,
+    is_dra_extended_resource_name, is_hugepages_resource,
+};
+use crate::quantity::{CompactQuantity, Quantity, QuantityError};
+use crate::scope::{ScopeError, ScopeName, ScopeOperator, ScopeRequirement, selector_matches};
+use crate::time::Time;
+use crate::usage::{QuotaObject, UsageKey};
+
+/// A quantity in a typed object that does not parse, named by its field path.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {source}")]
+pub struct ExtractError {
+    /// Field path of the offending value, e.g. `spec.containers[app].resources.requests[cpu]`.
+    pub field: String,
+    /// Why its quantity was rejected (names the value).
+    #[source]
+    pub source: QuantityError,
+}
+
+/// A resource list during extraction: resource name to quantity.
+type List = BTreeMap<String, Quantity>;
+
+pub(crate) fn parse_list(
+    map: Option<&BTreeMap<String, K8sQuantity>>,
+    field: &dyn Fn() -> String,
+) -> Result<Option<List>, ExtractError> {
+    let Some(map) = map else { return Ok(None) };
+    map.iter()
+        .map(|(name, q)| {
+            Quantity::parse_k8s(q)
+                .map(|q| (name.clone(), q))
+                .map_err(|source| ExtractError {
+                    field: format!("{}[{name}]", field()),
+                    source,
+                })
+        })
+        .collect::<Result<List, _>>()
+        .map(Some)
+}
+
+/// `addResourceList`: absent entries are copied, present ones added (zero adopts format).
+fn add_list(list: &mut List, new: Option<&List>) {
+    for (name, q) in new.into_iter().flatten() {
+        list.entry(name.clone()).and_modify(|v| *v += *q).or_insert(*q);
+    }
+}
+
+/// `maxResourceList`: replaces entries only where the new value is strictly greater.
+fn max_list(list: &mut List, new: Option<&List>) {
+    for (name, q) in new.into_iter().flatten() {
+        list.entry(name.clone())
+            .and_modify(|v| *v = v.max_by_value(*q))
+            .or_insert(*q);
+    }
+}
+
+/// `max(a, b...)`: a copy of `a` maxed with each of `others` in order.
+fn max_of(first: &List, others: &[&List]) -> List {
+    let mut result = first.clone();
+    for other in others {
+        max_list(&mut result, Some(other));
+    }
+    result
+}
+
+/// The resource fields of one container.
+struct ContainerResources<'a> {
+    name: &'a str,
+    restartable: bool,
+    requests: Option<List>,
+    limits: Option<List>,
+}
+
+/// The resource fields of one container status.
+struct StatusResources<'a> {
+    name: &'a str,
+    allocated: Option<List>,
+    /// `status.resources`: `None` when nil, else its requests and limits.
+    resources: Option<(Option<List>, Option<List>)>,
+}
+
+fn container_resources<'a>(
+    container: &'a Container,
+    field: &str,
+) -> Result<ContainerResources<'a>, ExtractError> {
+    let resources = container.resources.as_ref();
+    let path = || format!("{field}[{}].resources", container.name);
+    Ok(ContainerResources {
+        name: &container.name,
+        restartable: container.restart_policy.as_deref() == Some("Always"),
+        requests: parse_list(resources.and_then(|r| r.requests.as_ref()), &|| {
+            format!("{}.requests", path())
+        })?,
+        limits: parse_list(resources.and_then(|r| r.limits.as_ref()), &|| {
+            format!("{}.limits", path())
+        })?,
+    })
+}
+
+fn status_resources<'a>(
+    status: &'a ContainerStatus,
+    field: &str,
+) -> Result<StatusResources<'a>, ExtractError> {
+    let path = || format!("{field}[{}]", status.name);
+    let resources = match &status.resources {
+        None => None,
+        Some(r) => Some((
+            parse_list(r.requests.as_ref(), &|| format!("{}.resources.requests", path()))?,
+            parse_list(r.limits.as_ref(), &|| format!("{}.resources.limits", path()))?,
+        )),
+    };
+    Ok(StatusResources {
+        name: &status.name,
+        allocated: parse_list(status.allocated_resources.as_ref(), &|| {
+            format!("{}.allocatedResources", path())
+        })?,
+        resources,
+    })
+}
+
+/// Selects one container's resource list, given its status (if consulted) and whether the
+/// pod's resize is infeasible.
+type Getter =
+    for<'c> fn(&'c ContainerResources<'_>, Option<&'c StatusResources<'_>>, bool) -> Option<&'c List>;
+
+fn spec_requests<'c>(
+    c: &'c ContainerResources<'_>,
+    _: Option<&'c StatusResources<'_>>,
+    _: bool,
+) -> Option<&'c List> {
+    c.requests.as_ref()
+}
+
+fn allocated_requests<'c>(
+    c: &'c ContainerResources<'_>,
+    cs: Option<&'c StatusResources<'_>>,
+    infeasible: bool,
+) -> Option<&'c List> {
+    if let Some(allocated) = cs.and_then(|s| s.allocated.as_ref()) {
+        return Some(allocated);
+    }
+    if infeasible { None } else { c.requests.as_ref() }
+}
+
+fn actuated_requests<'c>(
+    c: &'c ContainerResources<'_>,
+    cs: Option<&'c StatusResources<'_>>,
+    infeasible: bool,
+) -> Option<&'c List> {
+    if let Some(requests) = cs
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|(r, _)| r.as_ref())
+    {
+        return Some(requests);
+    }
+    if let Some(allocated) = cs.and_then(|s| s.allocated.as_ref()) {
+        return Some(allocated);
+    }
+    if infeasible { None } else { c.requests.as_ref() }
+}
+
+fn spec_limits<'c>(
+    c: &'c ContainerResources<'_>,
+    _: Option<&'c StatusResources<'_>>,
+    _: bool,
+) -> Option<&'c List> {
+    c.limits.as_ref()
+}
+
+fn actuated_limits<'c>(
+    c: &'c ContainerResources<'_>,
+    cs: Option<&'c StatusResources<'_>>,
+    infeasible: bool,
+) -> Option<&'c List> {
+    if let Some(limits) = cs
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|(_, l)| l.as_ref())
+    {
+        return Some(limits);
+    }
+    if infeasible { None } else { c.limits.as_ref() }
+}
+
+/// Everything `PodRequests`/`PodLimits` read, parsed once.
+struct PodResources<'a> {
+    containers: Vec<ContainerResources<'a>>,
+    init_containers: Vec<ContainerResources<'a>>,
+    /// Container statuses then init container statuses: the search order of
+    /// `findContainerStatus`.
+    statuses: Vec<StatusResources<'a>>,
+    infeasible: bool,
+    pod_requests: Option<List>,
+    pod_limits: Option<List>,
+    /// Whether `spec.resources` is non-nil (decides QoS under pod-level resources).
+    spec_resources_set: bool,
+    overhead: Option<List>,
+}
+
+impl PodResources<'_> {
+    fn find_status(&self, name: &str) -> Option<&StatusResources<'_>> {
+        self.statuses.iter().find(|s| s.name == name)
+    }
+
+    /// `aggregateContainerResourcesByFn`: sum of app containers and sidecars, maxed with
+    /// each init container's init-time usage (itself plus the sidecars started before it).
+    fn aggregate(&self, use_status: bool, get: Getter) -> List {
+        let status = |name: &str| if use_status { self.find_status(name) } else { None };
+        let mut result = List::new();
+        for c in &self.containers {
+            add_list(&mut result, get(c, status(c.name), self.infeasible));
+        }
+        let mut sidecars = List::new();
+        let mut init_max = List::new();
+        for c in &self.init_containers {
+            let own = get(c, status(c.name), self.infeasible);
+            if c.restartable {
+                add_list(&mut result, own);
+                add_list(&mut sidecars, own);
+                max_list(&mut init_max, Some(&sidecars));
+            } else {
+                let mut combined = List::new();
+                add_list(&mut combined, own);
+                add_list(&mut combined, Some(&sidecars));
+                max_list(&mut init_max, Some(&combined));
+            }
+        }
+        max_list(&mut result, Some(&init_max));
+        result
+    }
+
+    /// `AggregateContainerRequests`.
+    fn container_requests(&self, use_status: bool) -> List {
+        if !use_status {
+            return self.aggregate(false, spec_requests);
+        }
+        let spec = self.aggregate(true, spec_requests);
+        let allocated = self.aggregate(true, allocated_requests);
+        let actuated = self.aggregate(true, actuated_requests);
+        if self.infeasible {
+            max_of(&actuated, &[&allocated])
+        } else {
+            max_of(&spec, &[&actuated, &allocated])
+        }
+    }
+
+    /// `AggregateContainerLimits`.
+    fn container_limits(&self, use_status: bool) -> List {
+        if !use_status {
+            return self.aggregate(false, spec_limits);
+        }
+        let spec = self.aggregate(true, spec_limits);
+        let actuated = self.aggregate(true, actuated_limits);
+        if self.infeasible {
+            actuated
+        } else {
+            max_of(&spec, &[&actuated])
+        }
+    }
+
+    /// `PodRequests` with the options the pods evaluator passes.
+    fn requests(&self, gates: FeatureGates) -> List {
+        let mut requests = self.container_requests(gates.in_place_pod_vertical_scaling);
+        if gates.pod_level_resources && has_supported_pod_level(self.pod_requests.as_ref()) {
+            apply_pod_level(&mut requests, self.pod_requests.as_ref());
+        }
+        add_list(&mut requests, self.overhead.as_ref());
+        requests
+    }
+
+    /// `PodLimits` with the options the pods evaluator passes.
+    fn limits(&self, gates: FeatureGates) -> List {
+        let mut limits = self.container_limits(gates.in_place_pod_vertical_scaling);
+        let pod_level_set = has_supported_pod_level(self.pod_requests.as_ref())
+            || has_supported_pod_level(self.pod_limits.as_ref());
+        if gates.pod_level_resources && pod_level_set {
+            apply_pod_level(&mut limits, self.pod_limits.as_ref());
+        }
+        // Overhead is added only to limits that exist and are non-zero.
+        for (name, q) in self.overhead.iter().flatten() {
+            if let Some(limit) = limits.get_mut(name)
+                && !limit.is_zero()
+            {
+                *limit += *q;
+            }
+        }
+        limits
+    }
+}
+
+/// `IsSupportedPodLevelResource`: cpu, memory and hugepages.
+fn is_supported_pod_level(name: &str) -> bool {
+    name == CPU || name == MEMORY || is_hugepages_resource(name)
+}
+
+fn has_supported_pod_level(list: Option<&List>) -> bool {
+    list.is_some_and(|l| l.keys().any(|k| is_supported_pod_level(k)))
+}
+
+/// `applyPodLevelResources`: pod-level values replace the aggregate per supported resource.
+fn apply_pod_level(result: &mut List, pod_level: Option<&List>) {
+    for (name, q) in pod_level.into_iter().flatten() {
+        if is_supported_pod_level(name) {
+            result.insert(name.clone(), *q);
+        }
+    }
+}
+
+/// `IsPodResizeInfeasible`: the first `PodResizePending` condition has reason `Infeasible`.
+fn is_resize_infeasible(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|conditions| conditions.iter().find(|c| c.type_ == "PodResizePending"))
+        .is_some_and(|c| c.reason.as_deref() == Some("Infeasible"))
+}
+
+fn parse_pod(pod: &Pod) -> Result<PodResources<'_>, ExtractError> {
+    let spec = pod.spec.as_ref();
+    let status = pod.status.as_ref();
+    let containers = spec
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .map(|c| container_resources(c, "spec.containers"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let init_containers = spec
+        .and_then(|s| s.init_containers.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .map(|c| container_resources(c, "spec.initContainers"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut statuses = Vec::new();
+    for (list, field) in [
+        (
+            status.and_then(|s| s.container_statuses.as_deref()),
+            "status.containerStatuses",
+        ),
+        (
+            status.and_then(|s| s.init_container_statuses.as_deref()),
+            "status.initContainerStatuses",
+        ),
+    ] {
+        for cs in list.unwrap_or_default() {
+            statuses.push(status_resources(cs, field)?);
+        }
+    }
+    let pod_resources = spec.and_then(|s| s.resources.as_ref());
+    Ok(PodResources {
+        containers,
+        init_containers,
+        statuses,
+        infeasible: is_resize_infeasible(pod),
+        pod_requests: parse_list(pod_resources.and_then(|r| r.requests.as_ref()), &|| {
+            "spec.resources.requests".to_owned()
+        })?,
+        pod_limits: parse_list(pod_resources.and_then(|r| r.limits.as_ref()), &|| {
+            "spec.resources.limits".to_owned()
+        })?,
+        spec_resources_set: pod_resources.is_some(),
+        overhead: parse_list(spec.and_then(|s| s.overhead.as_ref()), &|| {
+            "spec.overhead".to_owned()
+        })?,
+    })
+}
+
+/// Whether cpu and memory requests and limits are all zero or absent (a BestEffort set).
+fn is_best_effort_list(requests: Option<&List>, limits: Option<&List>) -> bool {
+    [CPU, MEMORY].iter().all(|name| {
+        requests.and_then(|l| l.get(*name)).is_none_or(|q| q.is_zero())
+            && limits.and_then(|l| l.get(*name)).is_none_or(|q| q.is_zero())
+    })
+}
+
+/// `qos.GetPodQOS(pod) == BestEffort`: `status.qosClass` when set, else `ComputePodQOS`.
+/// Only BestEffort matters to quota, and a container is BestEffort exactly when its cpu and
+/// memory requests and limits are all zero or absent.
+fn is_best_effort(pod: &Pod, parsed: &PodResources<'_>, gates: FeatureGates) -> bool {
+    if let Some(class) = pod.status.as_ref().and_then(|s| s.qos_class.as_deref())
+        && !class.is_empty()
+    {
+        return class == "BestEffort";
+    }
+    if gates.pod_level_resources && parsed.spec_resources_set {
+        return is_best_effort_list(parsed.pod_requests.as_ref(), parsed.pod_limits.as_ref());
+    }
+    parsed
+        .init_containers
+        .iter()
+        .chain(&parsed.containers)
+        .all(|c| is_best_effort_list(c.requests.as_ref(), c.limits.as_ref()))
+}
+
+fn cross_namespace_term(term: &PodAffinityTerm) -> bool {
+    term.namespaces.as_ref().is_some_and(|n| !n.is_empty()) || term.namespace_selector.is_some()
+}
+
+fn cross_namespace_terms(
+    required: Option<&[PodAffinityTerm]>,
+    preferred: Option<&[WeightedPodAffinityTerm]>,
+) -> bool {
+    required.unwrap_or_default().iter().any(cross_namespace_term)
+        || preferred
+            .unwrap_or_default()
+            .iter()
+            .any(|t| cross_namespace_term(&t.pod_affinity_term))
+}
+
+/// `usesCrossNamespacePodAffinity`: any affinity or anti-affinity term, required or
+/// preferred, with namespaces or a non-nil (even empty) namespace selector.
+fn uses_cross_namespace_pod_affinity(pod: &Pod) -> bool {
+    let Some(affinity) = pod.spec.as_ref().and_then(|s| s.affinity.as_ref()) else {
+        return false;
+    };
+    affinity.pod_affinity.as_ref().is_some_and(|a| {
+        cross_namespace_terms(
+            a.required_during_scheduling_ignored_during_execution.as_deref(),
+            a.preferred_during_scheduling_ignored_during_execution.as_deref(),
+        )
+    }) || affinity.pod_anti_affinity.as_ref().is_some_and(|a| {
+        cross_namespace_terms(
+            a.required_during_scheduling_ignored_during_execution.as_deref(),
+            a.preferred_during_scheduling_ignored_during_execution.as_deref(),
+        )
+    })
+}
+
+/// A value-based fingerprint of a container status' `resources`, for the update filter's
+/// `Semantic.DeepEqual` comparison: 0 for nil; quantities compare by value and empty maps
+/// equal nil maps, as in `equality.Semantic`.
+fn resources_fingerprint(resources: Option<&ResourceRequirements>) -> u64 {
+    let Some(resources) = resources else { return 0 };
+    let mut hasher = DefaultHasher::new();
+    for (tag, list) in [(0u8, &resources.requests), (1u8, &resources.limits)] {
+        tag.hash(&mut hasher);
+        for (name, q) in list.iter().flatten() {
+            name.hash(&mut hasher);
+            match Quantity::parse_k8s(q) {
+                Ok(q) => q.nanos().hash(&mut hasher),
+                Err(_) => q.0.hash(&mut hasher),
+            }
+        }
+    }
+    2u8.hash(&mut hasher);
+    for claim in resources.claims.iter().flatten() {
+        claim.name.hash(&mut hasher);
+        claim.request.as_deref().unwrap_or_default().hash(&mut hasher);
+    }
+    // Reserve 0 for nil.
+    hasher.finish().max(1)
+}
+
+fn status_key(kind: u8, name: &str) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    kind.hash(&mut hasher);
+    name.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// Requests of hugepages and extended resources: interned name and quantity.
+type ExtendedRequests = Option<Box<[(Arc<str>, CompactQuantity)]>>;
+
+/// Indexes of the three compute resources in [`PodProjection`]'s fixed slots.
+const COMPUTE: [(&str, &str, &str); 3] = [
+    (CPU, REQUESTS_CPU, LIMITS_CPU),
+    (MEMORY, REQUESTS_MEMORY, LIMITS_MEMORY),
+    (
+        EPHEMERAL_STORAGE,
+        REQUESTS_EPHEMERAL_STORAGE,
+        LIMITS_EPHEMERAL_STORAGE,
+    ),
+];
+
+const FLAG_TERMINAL: u8 = 1;
+const FLAG_TERMINATING: u8 = 1 << 1;
+const FLAG_BEST_EFFORT: u8 = 1 << 2;
+const FLAG_CROSS_NAMESPACE_AFFINITY: u8 = 1 << 3;
+
+/// What quota needs of a pod, extracted once.
+///
+/// The effective requests and limits (`PodRequests`/`PodLimits` with sidecars, init maximum,
+/// pod-level resources, overhead and in-place resize) are time-independent and precomputed.
+/// What depends on `now` (terminal phase, deletion grace) is kept raw.
+///
+/// Size: 176 bytes inline on 64-bit targets; no heap for a typical pod except the status
+/// fingerprints (16 bytes per container status, only under `InPlacePodVerticalScaling`).
+/// Interned names are shared and not counted (see [`PodProjection::heap_bytes`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodProjection {
+    /// Effective requests of cpu, memory and ephemeral-storage.
+    requests: [Option<CompactQuantity>; 3],
+    /// Effective limits of cpu, memory and ephemeral-storage.
+    limits: [Option<CompactQuantity>; 3],
+    /// Requests of hugepages and (DRA) extended resources, by pod resource name.
+    extended_requests: ExtendedRequests,
+    priority_class: Option<Arc<str>>,
+    /// `(hash(list, name), fingerprint(resources))` per container status, for the update
+    /// filter; `None` unless extracted under `InPlacePodVerticalScaling`.
+    status_resources: Option<Box<[(u64, u64)]>>,
+    /// `deletionTimestamp + deletionGracePeriodSeconds` when both are set.
+    deletion_deadline: Option<Time>,
+    flags: u8,
+}
+
+impl PodProjection {
+    /// Extracts the projection of a typed pod under `gates`.
+    pub fn from_pod(pod: &Pod, gates: FeatureGates, interner: &Interner) -> Result<Self, ExtractError> {
+        let parsed = parse_pod(pod)?;
+        let requests = parsed.requests(gates);
+        let limits = parsed.limits(gates);
+        let slot = |list: &List, name: &str| list.get(name).map(|q| CompactQuantity::from(*q));
+        let mut extended = Vec::new();
+        for (name, q) in &requests {
+            if is_hugepages_resource(name) || is_dra_extended_resource_name(name) {
+                extended.push((interner.intern(name), CompactQuantity::from(*q)));
+            }
+        }
+        let spec = pod.spec.as_ref();
+        let status = pod.status.as_ref();
+        let mut flags = 0;
+        if matches!(
+            status.and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        ) {
+            flags |= FLAG_TERMINAL;
+        }
+        if spec
+            .and_then(|s| s.active_deadline_seconds)
+            .is_some_and(|d| d >= 0)
+        {
+            flags |= FLAG_TERMINATING;
+        }
+        if is_best_effort(pod, &parsed, gates) {
+            flags |= FLAG_BEST_EFFORT;
+        }
+        if uses_cross_namespace_pod_affinity(pod) {
+            flags |= FLAG_CROSS_NAMESPACE_AFFINITY;
+        }
+        let status_resources = gates.in_place_pod_vertical_scaling.then(|| {
+            let mut entries = Vec::new();
+            for (kind, list) in [
+                (0u8, status.and_then(|s| s.container_statuses.as_deref())),
+                (1u8, status.and_then(|s| s.init_container_statuses.as_deref())),
+            ] {
+                for cs in list.unwrap_or_default() {
+                    entries.push((
+                        status_key(kind, &cs.name),
+                        resources_fingerprint(cs.resources.as_ref()),
+                    ));
+                }
+            }
+            entries.into_boxed_slice()
+        });
+        let metadata = &pod.metadata;
+        let deletion_deadline = match (
+            &metadata.deletion_timestamp,
+            metadata.deletion_grace_period_seconds,
+        ) {
+            (Some(ts), Some(grace)) => Some(Time::from_k8s(ts).saturating_add_seconds(grace)),
+            _ => None,
+        };
+        Ok(Self {
+            requests: COMPUTE.map(|(name, _, _)| slot(&requests, name)),
+            limits: COMPUTE.map(|(name, _, _)| slot(&limits, name)),
+            extended_requests: (!extended.is_empty()).then(|| extended.into_boxed_slice()),
+            priority_class: spec
+                .and_then(|s| s.priority_class_name.as_deref())
+                .filter(|p| !p.is_empty())
+                .map(|p| interner.intern(p)),
+            status_resources,
+            deletion_deadline,
+            flags,
+        })
+    }
+
+    /// `QuotaV1Pod`: charged unless the phase is Succeeded or Failed, or `now` is after
+    /// `deletionTimestamp + deletionGracePeriodSeconds`.
+    pub fn is_charged(&self, now: Time) -> bool {
+        if self.flags & FLAG_TERMINAL != 0 {
+            return false;
+        }
+        self.deletion_deadline.is_none_or(|deadline| now <= deadline)
+    }
+
+    /// `IsTerminating`: `activeDeadlineSeconds >= 0`.
+    pub fn is_terminating(&self) -> bool {
+        self.flags & FLAG_TERMINATING != 0
+    }
+
+    /// Whether the QoS class is BestEffort.
+    pub fn is_best_effort(&self) -> bool {
+        self.flags & FLAG_BEST_EFFORT != 0
+    }
+
+    /// Whether the pod uses cross-namespace pod affinity.
+    pub fn uses_cross_namespace_pod_affinity(&self) -> bool {
+        self.flags & FLAG_CROSS_NAMESPACE_AFFINITY != 0
+    }
+
+    /// The priority class name, if set.
+    pub fn priority_class(&self) -> Option<&str> {
+        self.priority_class.as_deref()
+    }
+
+    /// The effective request of a resource (cpu, memory, ephemeral-storage, hugepages-*,
+    /// or extended), as `PodRequests` computed it.
+    pub fn request(&self, resource: &str) -> Option<Quantity> {
+        if let Some(i) = COMPUTE.iter().position(|(name, _, _)| *name == resource) {
+            return self.requests[i].as_ref().map(CompactQuantity::get);
+        }
+        self.extended_requests
+            .iter()
+            .flatten()
+            .find(|(name, _)| &**name == resource)
+            .map(|(_, q)| q.get())
+    }
+
+    /// The effective limit of cpu, memory or ephemeral-storage (the only limits quota uses).
+    pub fn limit(&self, resource: &str) -> Option<Quantity> {
+        COMPUTE
+            .iter()
+            .position(|(name, _, _)| *name == resource)
+            .and_then(|i| self.limits[i].as_ref().map(CompactQuantity::get))
+    }
+
+    /// Whether a container status' `resources` changed between `old` and `self`, as the
+    /// newest `DefaultUpdateFilter` checks it: a status new in `self` counts when its
+    /// resources are set; statuses that disappeared do not count.
+    pub fn status_resources_changed_since(&self, old: &Self) -> bool {
+        let old_entries = old.status_resources.as_deref().unwrap_or_default();
+        self.status_resources.iter().flatten().any(|(key, fingerprint)| {
+            match old_entries.iter().rev().find(|(k, _)| k == key) {
+                None => *fingerprint != 0,
+                Some((_, old_fingerprint)) => old_fingerprint != fingerprint,
+            }
+        })
+    }
+
+    /// Heap bytes owned by this projection. Interned strings are shared through the
+    /// [`Interner`] and not counted.
+    pub fn heap_bytes(&self) -> usize {
+        let compact = self
+            .requests
+            .iter()
+            .chain(&self.limits)
+            .flatten()
+            .map(CompactQuantity::heap_bytes)
+            .sum::<usize>();
+        let extended = self.extended_requests.as_deref().map_or(0, |e| {
+            std::mem::size_of_val(e) + e.iter().map(|(_, q)| q.heap_bytes()).sum::<usize>()
+        });
+        let statuses = self.status_resources.as_deref().map_or(0, std::mem::size_of_val);
+        compact + extended + statuses
+    }
+}
+
+impl QuotaObject for PodProjection {
+    /// `podMatchesScopeFunc`.
+    fn matches_scope(
+        &self,
+        requirement: &ScopeRequirement,
+        _gates: FeatureGates,
+    ) -> Result<bool, ScopeError> {
+        Ok(match requirement.scope {
+            ScopeName::Terminating => self.is_terminating(),
+            ScopeName::NotTerminating => !self.is_terminating(),
+            ScopeName::BestEffort => self.is_best_effort(),
+            ScopeName::NotBestEffort => !self.is_best_effort(),
+            ScopeName::PriorityClass => {
+                if requirement.operator == ScopeOperator::Exists {
+                    self.priority_class.is_some()
+                } else {
+                    // Matched against {PriorityClass: name}, or an empty set when unset.
+                    selector_matches(requirement, self.priority_class())?
+                }
+            }
+            ScopeName::CrossNamespacePodAffinity => self.uses_cross_namespace_pod_affinity(),
+            ScopeName::VolumeAttributesClass | ScopeName::Other(_) => false,
+        })
+    }
+
+    /// `PodUsageFunc` + `podComputeUsageHelper`.
+    fn for_each_usage(&self, now: Time, emit: &mut dyn FnMut(UsageKey<'_>, Quantity)) {
+        // count/pods counts every pod in storage, terminal ones included.
+        emit(UsageKey::name(COUNT_PODS), Quantity::from_count(1));
+        if !self.is_charged(now) {
+            return;
+        }
+        emit(UsageKey::name(PODS), Quantity::from_count(1));
+        for (i, (name, requests_name, limits_name)) in COMPUTE.iter().enumerate() {
+            if let Some(q) = &self.requests[i] {
+                emit(UsageKey::name(name), q.get());
+                emit(UsageKey::name(requests_name), q.get());
+            }
+            if let Some(q) = &self.limits[i] {
+                emit(UsageKey::name(limits_name), q.get());
+            }
+        }
+        for (name, q) in self.extended_requests.iter().flatten() {
+            if is_hugepages_resource(name) {
+                emit(UsageKey::name(name), q.get());
+            }
+            // Extended resources are quota'd as requests.<name> only.
+            emit(UsageKey::new(REQUESTS_PREFIX, name, ""), q.get());
+        }
+    }
+}
