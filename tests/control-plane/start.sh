@@ -177,9 +177,11 @@ wait_ready kube-apiserver "https://127.0.0.1:$apiserver_port/readyz" \
 kcm_pid=""
 if [[ $kcm == on ]]; then
   # Only the controllers the tests need to behave like a real cluster: service accounts and
-  # their tokens (so pods can be created), namespaces (so they can be deleted), garbage
-  # collection, and -- switchable -- the upstream resource quota controller.
-  controllers=serviceaccount-token-controller,serviceaccount-controller,root-ca-certificate-publisher-controller,namespace-controller,garbage-collector-controller
+  # their tokens (so pods can be created), the root CA ConfigMap every namespace gets,
+  # namespaces (so they can be deleted), and -- switchable -- the upstream resource quota
+  # controller. Not the garbage collector: it watches every resource type, which would hide
+  # lazyquota's own watches in the apiserver's metrics.
+  controllers=serviceaccount-token-controller,serviceaccount-controller,root-ca-certificate-publisher-controller,namespace-controller
   if [[ $kcm_quota == on ]]; then
     controllers+=,resourcequota-controller
   fi

@@ -1,0 +1,196 @@
+//! Shared by the integration tests that run lazyquota's controller in-process.
+//!
+//! One controller per test binary: tests in a binary run in parallel and share it (two
+//! controllers writing the same quotas would fight). Binaries run one after another, so each
+//! binary can choose its own mode against the shared control plane.
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::{sync::OnceLock, time::Duration};
+
+use k8s_openapi::{
+    api::core::v1::ResourceQuota,
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    apimachinery::pkg::api::resource::Quantity,
+};
+use kube::{
+    Api, Client,
+    api::{ApiResource, DeleteParams, DynamicObject, ObjectMeta, PostParams},
+};
+use lazyquota_kube::controller::{Config, Controller, SnapshotReceiver};
+use lazyquota_testenv::{ControlPlane, Flavor, eventually};
+
+static CONTROLLER: OnceLock<SnapshotReceiver> = OnceLock::new();
+
+/// The controller of this test binary, started on first use with `config` against the
+/// control plane of `flavor`, on a runtime of its own that lives as long as the process.
+pub fn controller(flavor: Flavor, config: Config) -> SnapshotReceiver {
+    CONTROLLER
+        .get_or_init(|| {
+            let cp = ControlPlane::get(flavor);
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .expect("controller runtime");
+                runtime.block_on(async move {
+                    let client = cp.client().await.expect("controller client");
+                    let (controller, snapshots) = Controller::new(client, config);
+                    tx.send(snapshots).expect("test waits for the controller");
+                    controller
+                        .run(std::future::pending())
+                        .await
+                        .expect("controller runs until the process ends");
+                });
+            });
+            rx.recv().expect("controller started")
+        })
+        .clone()
+}
+
+/// Fast settings for tests: a short discovery poll; the periodic resync is left at its
+/// default so tests see event-driven behaviour, not resyncs.
+pub fn test_config() -> Config {
+    Config {
+        discovery_poll: Duration::from_secs(30),
+        ..Config::default()
+    }
+}
+
+/// A quota with `hard`.
+pub fn quota(name: &str, hard: &[(&str, &str)]) -> ResourceQuota {
+    ResourceQuota {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(k8s_openapi::api::core::v1::ResourceQuotaSpec {
+            hard: Some(
+                hard.iter()
+                    .map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned())))
+                    .collect(),
+            ),
+            ..Default::default()
+        }),
+        ..ResourceQuota::default()
+    }
+}
+
+/// `status.used[key]` of a quota, once it equals `want` (None: gave up after 30 s).
+pub async fn used_becomes(quotas: &Api<ResourceQuota>, name: &str, key: &str, want: &str) -> Option<()> {
+    eventually(Duration::from_secs(30), || async {
+        let q = quotas.get(name).await.ok()?;
+        let used = q.status?.used?;
+        (used.get(key)?.0 == want).then_some(())
+    })
+    .await
+}
+
+/// A namespaced CRD `<plural>.<group>` (v1, any fields), created and established.
+pub async fn create_crd(client: &Client, group: &str, plural: &str) -> ApiResource {
+    let kind = {
+        let mut k = plural.trim_end_matches('s').to_owned();
+        k[..1].make_ascii_uppercase();
+        k
+    };
+    let crd: CustomResourceDefinition = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{plural}.{group}")},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": plural, "singular": plural.trim_end_matches('s'), "kind": kind},
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
+            }]
+        }
+    }))
+    .expect("valid CRD");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &crd)
+        .await
+        .expect("create CRD");
+    let name = format!("{plural}.{group}");
+    eventually(Duration::from_secs(30), || async {
+        let crd = crds.get(&name).await.ok()?;
+        let established = crd
+            .status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        established.then_some(())
+    })
+    .await
+    .expect("CRD established");
+    ApiResource {
+        group: group.into(),
+        version: "v1".into(),
+        api_version: format!("{group}/v1"),
+        kind,
+        plural: plural.into(),
+    }
+}
+
+/// Deletes a CRD (and with it all its objects).
+pub async fn delete_crd(client: &Client, group: &str, plural: &str) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let _ = crds
+        .delete(&format!("{plural}.{group}"), &DeleteParams::default())
+        .await;
+}
+
+/// Creates an object of a CRD.
+pub async fn create_object(
+    client: &Client,
+    resource: &ApiResource,
+    namespace: &str,
+    name: &str,
+) -> kube::Result<DynamicObject> {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, resource);
+    let object = DynamicObject::new(name, resource).within(namespace);
+    api.create(&PostParams::default(), &object).await
+}
+
+/// Deletes an object of a CRD.
+pub async fn delete_object(client: &Client, resource: &ApiResource, namespace: &str, name: &str) {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, resource);
+    api.delete(name, &DeleteParams::default())
+        .await
+        .expect("delete object");
+}
+
+/// Open watches the kube-apiserver itself reports for a resource
+/// (`apiserver_longrunning_requests{verb="WATCH"}`), summed over scopes.
+pub async fn apiserver_watches(cp: &ControlPlane, group: &str, resource: &str) -> u64 {
+    let metrics = cp.apiserver_metrics().await.expect("apiserver /metrics");
+    let group_label = format!("group=\"{group}\"");
+    let resource_label = format!("resource=\"{resource}\"");
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("apiserver_longrunning_requests{"))
+        .filter(|l| l.contains(&group_label) && l.contains(&resource_label) && l.contains("verb=\"WATCH\""))
+        // A gauge of open requests: always a whole number.
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Whether the controller has a synced watch for `<resource>.<group>` (`count/` name form).
+pub fn has_synced_watch(snapshots: &SnapshotReceiver, count_name: &str) -> bool {
+    snapshots
+        .borrow()
+        .watches
+        .iter()
+        .any(|w| w.key.resource.object_count_name() == count_name && w.synced)
+}
+
+/// Whether the controller has any watch for the resource.
+pub fn has_watch(snapshots: &SnapshotReceiver, count_name: &str) -> bool {
+    snapshots
+        .borrow()
+        .watches
+        .iter()
+        .any(|w| w.key.resource.object_count_name() == count_name)
+}

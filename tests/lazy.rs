@@ -1,0 +1,249 @@
+//! lazyquota in lazy mode on the real control plane, as the only writer of quota status (KCM's
+//! quota controller is off; the ResourceQuota admission plugin is on).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{
+    apiserver_watches, controller, create_crd, create_object, delete_crd, delete_object, has_synced_watch,
+    has_watch, quota, test_config, used_becomes,
+};
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota, ServiceAccount};
+use kube::api::{DeleteParams, PostParams};
+use lazyquota_testenv::{ControlPlane, Flavor, TestNamespace, eventually, unique_name};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// 10 CRDs, one constrained: exactly one watch exists — seen by the apiserver itself and by
+/// lazyquota — and it goes away with the quota. Deletes lower status.used.
+#[tokio::test]
+async fn watches_exactly_the_constrained_crd_and_stops_with_the_quota() {
+    let snapshots = controller(Flavor::LazyquotaOnly, test_config());
+    let cp = ControlPlane::get(Flavor::LazyquotaOnly);
+    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "lifecycle")
+        .await
+        .expect("namespace");
+    let client = ns.client();
+    let group = format!("{}.lazyquota.test", unique_name("g"));
+    let mut resources = Vec::new();
+    for i in 0..10 {
+        resources.push(create_crd(&client, &group, &format!("widget{i}s")).await);
+    }
+    let key = format!("count/widget3s.{group}");
+    let quotas = ns.api::<ResourceQuota>();
+    quotas
+        .create(&PostParams::default(), &quota("widgets", &[(&key, "5")]))
+        .await
+        .expect("quota");
+
+    used_becomes(&quotas, "widgets", &key, "0")
+        .await
+        .expect("status.used filled for the constrained CRD");
+    assert!(
+        has_synced_watch(&snapshots, &key),
+        "lazyquota reports a synced watch for widget3s"
+    );
+    let watched = eventually(WAIT, || async {
+        (apiserver_watches(cp, &group, "widget3s").await == 1).then_some(())
+    })
+    .await;
+    assert!(
+        watched.is_some(),
+        "the apiserver shows exactly one watch on widget3s"
+    );
+    for i in (0..10).filter(|i| *i != 3) {
+        let plural = format!("widget{i}s");
+        assert_eq!(
+            apiserver_watches(cp, &group, &plural).await,
+            0,
+            "{plural} is not constrained and must not be watched"
+        );
+        assert!(!has_watch(&snapshots, &format!("count/{plural}.{group}")));
+    }
+
+    // Admission charges creates; the controller's replenishment lowers usage on delete.
+    create_object(&client, &resources[3], ns.name(), "a")
+        .await
+        .expect("create a");
+    create_object(&client, &resources[3], ns.name(), "b")
+        .await
+        .expect("create b");
+    used_becomes(&quotas, "widgets", &key, "2")
+        .await
+        .expect("two widgets counted");
+    delete_object(&client, &resources[3], ns.name(), "a").await;
+    used_becomes(&quotas, "widgets", &key, "1")
+        .await
+        .expect("the delete lowered status.used");
+
+    quotas
+        .delete("widgets", &DeleteParams::default())
+        .await
+        .expect("delete quota");
+    let stopped = eventually(WAIT, || async {
+        (!has_watch(&snapshots, &key) && apiserver_watches(cp, &group, "widget3s").await == 0).then_some(())
+    })
+    .await;
+    assert!(
+        stopped.is_some(),
+        "the watch stops once no quota constrains widget3s"
+    );
+
+    for i in 0..10 {
+        delete_crd(&client, &group, &format!("widget{i}s")).await;
+    }
+    ns.delete().await.expect("delete namespace");
+}
+
+/// A quota naming a CRD that does not exist yet is pending; when the CRD is served its watch
+/// starts and status.used is filled without waiting for a resync. Deleting the CRD stops it.
+#[tokio::test]
+async fn quota_on_a_crd_created_later_and_a_crd_deleted_while_watched() {
+    let snapshots = controller(Flavor::LazyquotaOnly, test_config());
+    let cp = ControlPlane::get(Flavor::LazyquotaOnly);
+    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "pending")
+        .await
+        .expect("namespace");
+    let client = ns.client();
+    let group = format!("{}.lazyquota.test", unique_name("g"));
+    let key = format!("count/gadgets.{group}");
+    let quotas = ns.api::<ResourceQuota>();
+    quotas
+        .create(
+            &PostParams::default(),
+            &quota("gadgets", &[(&key, "3"), ("count/configmaps", "10")]),
+        )
+        .await
+        .expect("quota");
+
+    // The other key is computed at once; the unknown resource stays absent and pending.
+    used_becomes(&quotas, "gadgets", "count/configmaps", "1")
+        .await
+        .expect("configmaps counted");
+    let pending = eventually(WAIT, || async {
+        snapshots
+            .borrow()
+            .pending
+            .iter()
+            .any(|(name, quotas)| name == &key && *quotas == 1)
+            .then_some(())
+    })
+    .await;
+    assert!(pending.is_some(), "{key} is reported pending");
+    let q = quotas.get("gadgets").await.expect("quota");
+    assert!(
+        !q.status
+            .and_then(|s| s.used)
+            .is_some_and(|u| u.contains_key(&key)),
+        "an unserved key stays absent"
+    );
+
+    let gadgets = create_crd(&client, &group, "gadgets").await;
+    used_becomes(&quotas, "gadgets", &key, "0")
+        .await
+        .expect("status.used filled once the CRD is served");
+    create_object(&client, &gadgets, ns.name(), "g1")
+        .await
+        .expect("create g1");
+    create_object(&client, &gadgets, ns.name(), "g2")
+        .await
+        .expect("create g2");
+    delete_object(&client, &gadgets, ns.name(), "g1").await;
+    used_becomes(&quotas, "gadgets", &key, "1")
+        .await
+        .expect("one gadget left");
+
+    delete_crd(&client, &group, "gadgets").await;
+    let stopped = eventually(WAIT, || async {
+        (!has_watch(&snapshots, &key) && apiserver_watches(cp, &group, "gadgets").await == 0).then_some(())
+    })
+    .await;
+    assert!(stopped.is_some(), "deleting the CRD stops its watch");
+    // The quota keeps working for its other key.
+    create_object_configmap(&ns, "after-crd-delete").await;
+    used_becomes(&quotas, "gadgets", "count/configmaps", "2")
+        .await
+        .expect("configmaps still counted");
+    ns.delete().await.expect("delete namespace");
+}
+
+async fn create_object_configmap(ns: &TestNamespace, name: &str) {
+    let cm = k8s_openapi::api::core::v1::ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    ns.api::<k8s_openapi::api::core::v1::ConfigMap>()
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("configmap");
+}
+
+fn pod(name: &str, cpu: &str) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "c", "image": "registry.invalid/none",
+            "resources": {"requests": {"cpu": cpu, "memory": "64Mi"}, "limits": {"cpu": cpu, "memory": "64Mi"}}}]}
+    }))
+    .expect("valid pod")
+}
+
+/// Admission enforces the status lazyquota writes, and a delete frees the quota again.
+#[tokio::test]
+async fn admission_enforces_our_status_and_deletes_free_quota() {
+    let _snapshots = controller(Flavor::LazyquotaOnly, test_config());
+    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "pods")
+        .await
+        .expect("namespace");
+    let accounts = ns.api::<ServiceAccount>();
+    eventually(WAIT, || async { accounts.get("default").await.ok() })
+        .await
+        .expect("default service account");
+    let quotas = ns.api::<ResourceQuota>();
+    quotas
+        .create(
+            &PostParams::default(),
+            &quota(
+                "compute",
+                &[("pods", "5"), ("requests.cpu", "1"), ("limits.memory", "1Gi")],
+            ),
+        )
+        .await
+        .expect("quota");
+    used_becomes(&quotas, "compute", "requests.cpu", "0")
+        .await
+        .expect("initial usage written");
+
+    let pods = ns.api::<Pod>();
+    pods.create(&PostParams::default(), &pod("a", "600m"))
+        .await
+        .expect("first pod fits");
+    let err = pods
+        .create(&PostParams::default(), &pod("b", "600m"))
+        .await
+        .expect_err("second pod exceeds requests.cpu");
+    assert!(err.to_string().contains("exceeded quota: compute"), "{err}");
+    used_becomes(&quotas, "compute", "requests.cpu", "600m")
+        .await
+        .expect("usage charged");
+
+    pods.delete("a", &DeleteParams::default())
+        .await
+        .expect("delete pod");
+    used_becomes(&quotas, "compute", "requests.cpu", "0")
+        .await
+        .expect("the delete freed the quota");
+    used_becomes(&quotas, "compute", "pods", "0")
+        .await
+        .expect("pods lowered");
+    pods.create(&PostParams::default(), &pod("b", "600m"))
+        .await
+        .expect("now the pod fits");
+    used_becomes(&quotas, "compute", "limits.memory", "64Mi")
+        .await
+        .expect("limits counted");
+    ns.delete().await.expect("delete namespace");
+}
