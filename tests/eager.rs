@@ -35,7 +35,7 @@ async fn eager_mode_watches_every_quotable_type() {
             .filter(|s| s.quotable())
             .map(|s| s.resource.object_count_name())
             .collect();
-        let snapshot = snapshots.borrow().clone();
+        let snapshot = snapshots.get().await?;
         let watched: Vec<String> = snapshot
             .watches
             .iter()

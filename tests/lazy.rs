@@ -41,7 +41,7 @@ async fn watches_exactly_the_constrained_crd_and_stops_with_the_quota() {
         .await
         .expect("status.used filled for the constrained CRD");
     assert!(
-        has_synced_watch(&snapshots, &key),
+        has_synced_watch(&snapshots, &key).await,
         "lazyquota reports a synced watch for widget3s"
     );
     let watched = eventually(WAIT, || async {
@@ -59,7 +59,7 @@ async fn watches_exactly_the_constrained_crd_and_stops_with_the_quota() {
             0,
             "{plural} is not constrained and must not be watched"
         );
-        assert!(!has_watch(&snapshots, &format!("count/{plural}.{group}")));
+        assert!(!has_watch(&snapshots, &format!("count/{plural}.{group}")).await);
     }
 
     // Admission charges creates; the controller's replenishment lowers usage on delete.
@@ -82,7 +82,8 @@ async fn watches_exactly_the_constrained_crd_and_stops_with_the_quota() {
         .await
         .expect("delete quota");
     let stopped = eventually(WAIT, || async {
-        (!has_watch(&snapshots, &key) && apiserver_watches(cp, &group, "widget3s").await == 0).then_some(())
+        (!has_watch(&snapshots, &key).await && apiserver_watches(cp, &group, "widget3s").await == 0)
+            .then_some(())
     })
     .await;
     assert!(
@@ -122,8 +123,8 @@ async fn quota_on_a_crd_created_later_and_a_crd_deleted_while_watched() {
         .await
         .expect("configmaps counted");
     let pending = eventually(WAIT, || async {
-        snapshots
-            .borrow()
+        let snapshot = snapshots.get().await?;
+        snapshot
             .pending
             .iter()
             .any(|(name, quotas)| name == &key && *quotas == 1)
@@ -156,7 +157,8 @@ async fn quota_on_a_crd_created_later_and_a_crd_deleted_while_watched() {
 
     delete_crd(&client, &group, "gadgets").await;
     let stopped = eventually(WAIT, || async {
-        (!has_watch(&snapshots, &key) && apiserver_watches(cp, &group, "gadgets").await == 0).then_some(())
+        (!has_watch(&snapshots, &key).await && apiserver_watches(cp, &group, "gadgets").await == 0)
+            .then_some(())
     })
     .await;
     assert!(stopped.is_some(), "deleting the CRD stops its watch");

@@ -16,14 +16,14 @@ use kube::{
     Api, Client,
     api::{ApiResource, DeleteParams, DynamicObject, ObjectMeta, PostParams},
 };
-use lazyquota_kube::controller::{Config, Controller, SnapshotReceiver};
+use lazyquota_kube::controller::{Config, Controller, SnapshotHandle};
 use lazyquota_testenv::{ControlPlane, Flavor, eventually};
 
-static CONTROLLER: OnceLock<SnapshotReceiver> = OnceLock::new();
+static CONTROLLER: OnceLock<SnapshotHandle> = OnceLock::new();
 
 /// The controller of this test binary, started on first use with `config` against the
 /// control plane of `flavor`, on a runtime of its own that lives as long as the process.
-pub fn controller(flavor: Flavor, config: Config) -> SnapshotReceiver {
+pub fn controller(flavor: Flavor, config: Config) -> SnapshotHandle {
     CONTROLLER
         .get_or_init(|| {
             let cp = ControlPlane::get(flavor);
@@ -178,18 +178,18 @@ pub async fn apiserver_watches(cp: &ControlPlane, group: &str, resource: &str) -
 }
 
 /// Whether the controller has a synced watch for `<resource>.<group>` (`count/` name form).
-pub fn has_synced_watch(snapshots: &SnapshotReceiver, count_name: &str) -> bool {
-    snapshots
-        .borrow()
+pub async fn has_synced_watch(controller: &SnapshotHandle, count_name: &str) -> bool {
+    let snapshot = controller.get().await.expect("controller running");
+    snapshot
         .watches
         .iter()
         .any(|w| w.key.resource.object_count_name() == count_name && w.synced)
 }
 
 /// Whether the controller has any watch for the resource.
-pub fn has_watch(snapshots: &SnapshotReceiver, count_name: &str) -> bool {
-    snapshots
-        .borrow()
+pub async fn has_watch(controller: &SnapshotHandle, count_name: &str) -> bool {
+    let snapshot = controller.get().await.expect("controller running");
+    snapshot
         .watches
         .iter()
         .any(|w| w.key.resource.object_count_name() == count_name)

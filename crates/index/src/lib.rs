@@ -7,6 +7,7 @@
 //!  watch events ──► UsageStore partitions ◄────────┘ held only while demanded
 //! ```
 //!
+//! - [`engine`]: all of the above plus the evaluators, and the computation of a quota.
 //! - [`demand`]: what one hard key needs watched (upstream's evaluator matching).
 //! - [`policy`]: quotas and the reference-counted demand, mutations return diffs.
 //! - [`store`]: object identities and projections per (cluster, resource, namespace).
@@ -15,6 +16,7 @@
 //! - [`keys`]: identities, all carrying the logical cluster.
 
 pub mod demand;
+pub mod engine;
 pub mod keys;
 pub mod policy;
 pub mod queue;

@@ -1,15 +1,16 @@
-//! The controller: one task that owns every pure state machine and drives the IO around it.
+//! The controller: one task that drives the pure [`Engine`] and the work queue.
 //!
 //! ```text
-//!  ResourceQuota watch ─► PolicyIndex ─► demand changes ─► watch set (start / stop)
-//!  CRD/APIService watch ─► discovery ─► Resolver ─────────┘        │
-//!  object watches (SelectAll, one task) ─► UsageStore ─► replenish ─► WorkQueue
-//!  WorkQueue ─► compute (quota crate) ─► status PUT (bounded concurrency) or shadow report
+//!  ResourceQuota watch ─► Engine.apply_quota ─► demand changes ─► watch set (start / stop)
+//!  CRD/APIService watch ─► discovery ─► Engine.discovered ─────────┘        │
+//!  object watches (one SelectAll, polled by this task) ─► Engine stores ─► replenish ─► WorkQueue
+//!  WorkQueue ─► Engine.compute ─► status PUT (bounded concurrency) or shadow report
 //! ```
 //!
-//! Everything mutable lives in [`Controller`] and is touched only by its `run` loop, so there
-//! are no locks on the hot path. The only other tasks are hyper's, one per open connection.
-//! A snapshot for metrics and readiness is published through a `watch` channel.
+//! Everything mutable lives in [`Controller`] and is touched only by its `run` loop: no locks.
+//! The only other tasks are hyper's, one per open connection. Metrics and readiness ask the
+//! loop for a [`Snapshot`] through a [`SnapshotHandle`]; gauges are computed then, at scrape
+//! time, not on every event.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -26,7 +27,6 @@ use futures::{
 use k8s_openapi::{
     api::core::v1::{ResourceQuota, ResourceQuotaStatus},
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-    apimachinery::pkg::api::resource::Quantity as K8sQuantity,
     kube_aggregator::pkg::apis::apiregistration::v1::APIService,
 };
 use kube::{
@@ -35,22 +35,20 @@ use kube::{
     runtime::{WatchStreamExt as _, watcher},
 };
 use lazyquota_index::{
+    engine::{Applied, Engine, StoreKind, same_value, store_kind},
     keys::{ClusterName, GroupResource, Need, QuotaKey, object_id},
-    policy::{DemandChange, PolicyIndex, QuotaPolicy},
+    policy::DemandChange,
     queue::WorkQueue,
-    resolver::{Resolver, ResolverChange},
-    store::{Change, HeapSize, PartitionKey, UsageStore},
+    resolver::ResolverChange,
+    store::PartitionKey,
 };
-use lazyquota_quota::{
-    Evaluator, FeatureGates, Interner, PodProjection, PvcProjection, QuotaSpec, Registry, ResourceList,
-    ServiceProjection, StatusDecision, Time, assemble_status, calculate_object_count_usage, calculate_usage,
-    pod_update_triggers, pvc_update_triggers, service_update_triggers,
-};
+use lazyquota_quota::{FeatureGates, Interner, StatusDecision, Time};
+use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
 use crate::{
     discovery::{Discovered, discover},
-    watch::{ObjectEvent, Projected, WatchItem, WatchKey, WatchOptions},
+    watch::{ObjectEvent, WatchItem, WatchKey, WatchOptions},
 };
 
 /// Which resource types are watched.
@@ -105,54 +103,16 @@ impl Default for Config {
 /// Fatal controller errors (everything else is retried).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The ResourceQuota watch could not be established at all.
-    #[error("watching ResourceQuotas: {0}")]
-    QuotaWatch(#[source] watcher::Error),
-}
-
-/// What the controller keeps per quota: parsed, never the full object.
-#[derive(Debug)]
-pub struct QuotaState {
-    /// Parsed spec (hard keys, scopes, problems).
-    pub spec: QuotaSpec,
-    /// `spec.hard` as the apiserver stores it (copied verbatim into `status.hard`).
-    pub spec_hard: Option<BTreeMap<String, K8sQuantity>>,
-    /// `status.hard` as last seen or written.
-    pub status_hard: Option<BTreeMap<String, K8sQuantity>>,
-    /// `status.used` as last seen or written: the previous values that unsynced keys keep.
-    pub status_used: Option<BTreeMap<String, K8sQuantity>>,
-    /// The resourceVersion the status write is guarded by.
-    pub resource_version: Option<String>,
-}
-
-impl QuotaState {
-    fn from_quota(quota: &ResourceQuota) -> (QuotaPolicy, Self) {
-        let spec = QuotaSpec::from_resource_quota(quota);
-        let status = quota.status.as_ref();
-        let policy = QuotaPolicy {
-            spec_hard: spec.hard_keys.iter().cloned().collect(),
-            status_hard: status
-                .and_then(|s| s.hard.as_ref())
-                .map(|h| h.keys().cloned().collect())
-                .unwrap_or_default(),
-            scopes: spec.scopes.clone(),
-        };
-        let state = Self {
-            spec,
-            spec_hard: quota.spec.as_ref().and_then(|s| s.hard.clone()),
-            status_hard: status.and_then(|s| s.hard.clone()),
-            status_used: status.and_then(|s| s.used.clone()),
-            resource_version: quota.resource_version(),
-        };
-        (policy, state)
-    }
+    /// The ResourceQuota watch ended, which the watcher never does on its own.
+    #[error("the ResourceQuota watch ended unexpectedly")]
+    QuotaWatchEnded,
 }
 
 /// One open watch.
 struct Running {
     id: u64,
     abort: AbortHandle,
-    /// Namespaces whose partitions this watch fills.
+    /// Namespaces whose partitions this watch fills (lazy mode).
     namespaces: BTreeSet<Arc<str>>,
     /// Eager mode: every namespace's objects are held.
     hold_all: bool,
@@ -162,25 +122,25 @@ struct Running {
     failure: Option<(&'static str, String)>,
 }
 
-/// Counters and gauges the runtime exports. Cheap to clone; published after every loop turn
-/// that changed something.
+/// What the controller reports to metrics, readiness, `explain` and tests.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     /// The ResourceQuota watch has completed its first list.
     pub quotas_synced: bool,
     /// Quotas known.
     pub quotas: usize,
-    /// Open watches: (watch description, resource `count/` name, synced, failure reason).
+    /// Open watches.
     pub watches: Vec<WatchInfo>,
-    /// Objects held per resource (`count/` name): (objects, bytes).
+    /// Objects and bytes held per resource (`count/` name).
     pub held: BTreeMap<String, (usize, usize)>,
     /// Watch events processed per resource.
     pub events: BTreeMap<String, u64>,
-    /// Relists per resource.
+    /// (Re)lists started per resource.
     pub relists: BTreeMap<String, u64>,
     /// Watch errors per (resource, reason).
     pub watch_errors: BTreeMap<(String, String), u64>,
-    /// Quota syncs by result (`unchanged`, `written`, `conflict`, `error`, `shadow_agree`, `shadow_disagree`).
+    /// Quota syncs by result: `unchanged`, `written`, `conflict`, `error`, `shadow_agree`,
+    /// `shadow_disagree`.
     pub syncs: BTreeMap<&'static str, u64>,
     /// Discovery runs by result.
     pub discovery_runs: BTreeMap<&'static str, u64>,
@@ -188,7 +148,7 @@ pub struct Snapshot {
     pub pending: Vec<(String, usize)>,
     /// Shadow-mode disagreements now: (quota, key) → (ours, stored).
     pub disagreements: BTreeMap<(String, String), (String, String)>,
-    /// Durations of quota syncs (compute + write), seconds, since the last snapshot read.
+    /// Quota sync durations in seconds since the previous snapshot (for a histogram).
     pub sync_seconds: Vec<f64>,
     /// Whether streaming lists are used.
     pub streaming_lists: bool,
@@ -205,21 +165,28 @@ pub struct WatchInfo {
     pub failure: Option<String>,
 }
 
+/// Asks a running controller for a [`Snapshot`].
+#[derive(Clone, Debug)]
+pub struct SnapshotHandle(mpsc::Sender<oneshot::Sender<Snapshot>>);
+
+impl SnapshotHandle {
+    /// The controller's state now; `None` once the controller has stopped.
+    pub async fn get(&self) -> Option<Snapshot> {
+        let (tx, rx) = oneshot::channel();
+        self.0.send(tx).await.ok()?;
+        rx.await.ok()
+    }
+}
+
 type WriteResult = (QuotaKey, Instant, Result<ResourceQuota, kube::Error>);
 
-/// The controller state.
+/// The controller.
 pub struct Controller {
     client: Client,
     config: Config,
     options: WatchOptions,
     interner: Arc<Interner>,
-    index: PolicyIndex<QuotaState>,
-    resolver: Resolver,
-    registries: HashMap<ClusterName, Registry>,
-    counts: UsageStore<()>,
-    pods: UsageStore<PodProjection>,
-    services: UsageStore<ServiceProjection>,
-    pvcs: UsageStore<PvcProjection>,
+    engine: Engine,
     watches: BTreeMap<WatchKey, Running>,
     by_id: HashMap<u64, WatchKey>,
     streams: SelectAll<BoxStream<'static, (u64, WatchItem)>>,
@@ -227,16 +194,13 @@ pub struct Controller {
     queue: WorkQueue<QuotaKey>,
     writes: FuturesUnordered<BoxFuture<'static, WriteResult>>,
     stats: Snapshot,
-    publish: tokio::sync::watch::Sender<Snapshot>,
+    requests: mpsc::Receiver<oneshot::Sender<Snapshot>>,
 }
 
-/// Handle to read the controller's published snapshot.
-pub type SnapshotReceiver = tokio::sync::watch::Receiver<Snapshot>;
-
 impl Controller {
-    /// A controller for `client`'s cluster.
-    pub fn new(client: Client, config: Config) -> (Self, SnapshotReceiver) {
-        let (publish, receiver) = tokio::sync::watch::channel(Snapshot::default());
+    /// A controller for `client`'s cluster, and the handle to ask it for snapshots.
+    pub fn new(client: Client, config: Config) -> (Self, SnapshotHandle) {
+        let (tx, requests) = mpsc::channel(16);
         let options = WatchOptions {
             streaming_lists: config.streaming_lists.unwrap_or(false),
             gates: config.gates,
@@ -245,13 +209,7 @@ impl Controller {
             client,
             options,
             interner: Arc::new(Interner::new()),
-            index: PolicyIndex::new(config.gates),
-            resolver: Resolver::new(),
-            registries: HashMap::new(),
-            counts: UsageStore::new(),
-            pods: UsageStore::new(),
-            services: UsageStore::new(),
-            pvcs: UsageStore::new(),
+            engine: Engine::new(config.gates),
             watches: BTreeMap::new(),
             by_id: HashMap::new(),
             streams: SelectAll::new(),
@@ -259,14 +217,14 @@ impl Controller {
             queue: WorkQueue::new(),
             writes: FuturesUnordered::new(),
             stats: Snapshot::default(),
-            publish,
+            requests,
             config,
         };
-        (controller, receiver)
+        (controller, SnapshotHandle(tx))
     }
 
-    /// Runs until `shutdown` completes; then stops all watches and waits (bounded) for the
-    /// status writes in flight.
+    /// Runs until `shutdown` completes; then stops all watches and waits (at most 10 s) for
+    /// the status writes in flight.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
         if self.config.streaming_lists.is_none() {
             self.options.streaming_lists = crate::watch::probe_streaming_lists(&self.client).await;
@@ -282,8 +240,7 @@ impl Controller {
         .boxed();
         let mut api_changes = api_change_stream(&self.client);
         let mut quota_relist: Option<Vec<ResourceQuota>> = None;
-        let mut discovery: Option<BoxFuture<'static, Result<Discovered, kube::Error>>> =
-            Some(discover_owned(self.client.clone()));
+        let mut discovery = Some(discover_owned(self.client.clone()));
         let mut next_discovery = tokio::time::Instant::now() + self.config.discovery_poll;
         // After a CRD or APIService change, discovery runs again a few times: a new CRD is
         // served a moment after its object appears.
@@ -292,16 +249,16 @@ impl Controller {
         let mut next_resync = resync.map(|p| tokio::time::Instant::now() + p);
         let mut shutdown = std::pin::pin!(shutdown);
 
-        loop {
+        let outcome = loop {
             let queue_ready = self.queue.next_ready().map(tokio::time::Instant::from_std);
             let can_start = self.writes.len() < self.config.concurrency.max(1);
             let next_retry = discovery_retries.iter().min().copied();
             tokio::select! {
-                () = &mut shutdown => break,
+                () = &mut shutdown => break Ok(()),
                 event = quota_events.next() => match event {
                     Some(Ok(event)) => self.on_quota_event(event, &mut quota_relist),
                     Some(Err(error)) => warn!(%error, "ResourceQuota watch failed; retrying"),
-                    None => break,
+                    None => break Err(Error::QuotaWatchEnded),
                 },
                 Some((id, item)) = self.streams.next(), if !self.streams.is_empty() => self.on_watch_item(id, item),
                 Some(()) = api_changes.next() => {
@@ -331,13 +288,15 @@ impl Controller {
                 Some((key, started, result)) = self.writes.next(), if !self.writes.is_empty() => {
                     self.on_write(&key, started, result);
                 }
+                Some(reply) = self.requests.recv() => {
+                    let _ = reply.send(self.snapshot());
+                }
             }
-            self.publish_snapshot();
-        }
+        };
 
         info!(
             in_flight = self.writes.len(),
-            "shutting down: stopping watches, finishing status writes"
+            "stopping watches, finishing status writes"
         );
         for running in self.watches.values() {
             running.abort.abort();
@@ -353,17 +312,24 @@ impl Controller {
         {
             warn!("status writes still in flight after 10s; exiting anyway");
         }
-        Ok(())
+        outcome
     }
 
     // ---- quotas ----------------------------------------------------------------------------
+
+    fn quota_key(&self, quota: &ResourceQuota) -> QuotaKey {
+        QuotaKey::new(
+            &self.config.cluster,
+            &quota.namespace().unwrap_or_default(),
+            &quota.name_any(),
+        )
+    }
 
     fn on_quota_event(
         &mut self,
         event: watcher::Event<ResourceQuota>,
         relist: &mut Option<Vec<ResourceQuota>>,
     ) {
-        let cluster = self.config.cluster.clone();
         match event {
             watcher::Event::Init => *relist = Some(Vec::new()),
             watcher::Event::InitApply(quota) => match relist {
@@ -372,32 +338,26 @@ impl Controller {
             },
             watcher::Event::InitDone => {
                 let quotas = relist.take().unwrap_or_default();
-                let entries: Vec<_> = quotas
-                    .iter()
-                    .map(|q| {
-                        let key = QuotaKey::new(&cluster, &q.namespace().unwrap_or_default(), &q.name_any());
-                        let (policy, state) = QuotaState::from_quota(q);
-                        report_spec_problems(&key, &state.spec);
-                        (key, policy, state)
-                    })
-                    .collect();
-                let changes = self.index.reset(&cluster, entries);
+                let keyed: Vec<(QuotaKey, &ResourceQuota)> =
+                    quotas.iter().map(|q| (self.quota_key(q), q)).collect();
+                let cluster = self.config.cluster.clone();
+                let changes = self.engine.reset_quotas(&cluster, keyed);
+                for (key, entry) in self.engine.index.quotas() {
+                    report_spec_problems(key, &entry.payload.spec.problems);
+                }
                 self.apply_demand(&changes);
                 self.stats.quotas_synced = true;
                 // Like upstream's first enqueueAll: every quota is computed once at start.
                 self.enqueue_all();
-                info!(quotas = self.index.len(), "ResourceQuotas listed");
+                info!(quotas = self.engine.index.len(), "ResourceQuotas listed");
             }
             watcher::Event::Apply(quota) => self.apply_quota(&quota),
             watcher::Event::Delete(quota) => {
-                let key = QuotaKey::new(
-                    &cluster,
-                    &quota.namespace().unwrap_or_default(),
-                    &quota.name_any(),
-                );
-                let changes = self.index.delete(&key);
+                let key = self.quota_key(&quota);
+                let changes = self.engine.delete_quota(&key);
                 self.queue.remove(&key);
-                self.stats.disagreements.retain(|(q, _), _| q != &key.to_string());
+                let name = key.to_string();
+                self.stats.disagreements.retain(|(q, _), _| q != &name);
                 self.apply_demand(&changes);
                 debug!(quota = %key, "quota deleted");
             }
@@ -405,35 +365,18 @@ impl Controller {
     }
 
     fn apply_quota(&mut self, quota: &ResourceQuota) {
-        let key = QuotaKey::new(
-            &self.config.cluster,
-            &quota.namespace().unwrap_or_default(),
-            &quota.name_any(),
-        );
-        let (policy, state) = QuotaState::from_quota(quota);
-        // Upstream enqueues a quota when it is new or its spec.hard changed; lazyquota also
-        // recomputes at once when the scopeSelector changes (upstream waits for a resync).
-        let recompute = match self.index.get(&key) {
-            None => true,
-            Some(old) => {
-                old.payload.spec.hard_keys != state.spec.hard_keys
-                    || !same_quantities(old.payload.spec_hard.as_ref(), state.spec_hard.as_ref())
-                    || old.payload.spec.scopes != state.spec.scopes
-            }
-        };
-        if recompute {
-            report_spec_problems(&key, &state.spec);
-        }
-        let changes = self.index.apply(key.clone(), &policy, state);
-        self.apply_demand(&changes);
-        if recompute {
+        let key = self.quota_key(quota);
+        let update = self.engine.apply_quota(key.clone(), quota);
+        report_spec_problems(&key, &update.problems);
+        self.apply_demand(&update.changes);
+        if update.recompute {
             self.queue.add(key, Instant::now());
         }
     }
 
     fn enqueue_all(&mut self) {
         let now = Instant::now();
-        let keys: Vec<QuotaKey> = self.index.quotas().map(|(k, _)| k.clone()).collect();
+        let keys: Vec<QuotaKey> = self.engine.index.quotas().map(|(k, _)| k.clone()).collect();
         for key in keys {
             self.queue.add(key, now);
         }
@@ -453,19 +396,12 @@ impl Controller {
         };
         *self.stats.discovery_runs.entry("ok").or_default() += 1;
         let changes = self
-            .resolver
-            .replace(&cluster, discovered.served, &discovered.failed_groups);
-        let registry = self
-            .registries
-            .entry(cluster.clone())
-            .or_insert_with(|| Registry::new(self.config.gates));
-        for served in self.resolver.quotable(&cluster) {
-            registry.add_discovered(served.resource.clone());
-        }
+            .engine
+            .discovered(&cluster, discovered.served, &discovered.failed_groups);
         let mut touched: BTreeSet<GroupResource> = BTreeSet::new();
         for change in changes {
-            let (ResolverChange::Served(r) | ResolverChange::Gone(r) | ResolverChange::Changed(r)) = &change;
             debug!(?change, "discovery change");
+            let (ResolverChange::Served(r) | ResolverChange::Gone(r) | ResolverChange::Changed(r)) = &change;
             if let ResolverChange::Changed(_) | ResolverChange::Gone(_) = change {
                 // A version change restarts the watch; a resource that is gone stops it.
                 self.stop_watches_of(&cluster, r);
@@ -473,24 +409,24 @@ impl Controller {
             touched.insert(r.clone());
         }
         if self.config.mode == Mode::Eager {
-            let all: Vec<GroupResource> = self
-                .resolver
-                .quotable(&cluster)
-                .map(|s| s.resource.clone())
-                .collect();
-            touched.extend(all);
+            touched.extend(
+                self.engine
+                    .resolver
+                    .quotable(&cluster)
+                    .map(|s| s.resource.clone()),
+            );
         }
+        let now = Instant::now();
         for resource in &touched {
             self.sync_watches(&cluster, resource);
             // A newly served resource gives its quotas an evaluator: compute them now.
-            let now = Instant::now();
-            for key in self.index.computing(&cluster, resource) {
+            for key in self.engine.index.computing(&cluster, resource) {
                 self.queue.add(key, now);
             }
         }
     }
 
-    // ---- demand → watches --------------------------------------------------------------------
+    // ---- demand → watches ------------------------------------------------------------------
 
     fn apply_demand(&mut self, changes: &[DemandChange]) {
         let touched: BTreeSet<(ClusterName, GroupResource)> = changes
@@ -502,57 +438,42 @@ impl Controller {
         }
     }
 
-    /// The watches (cluster, resource) should have now.
+    /// The watches (cluster, resource) should have now, with the namespaces each fills.
     fn desired_watches(
         &self,
         cluster: &ClusterName,
         resource: &GroupResource,
     ) -> BTreeMap<WatchKey, BTreeSet<Arc<str>>> {
         let mut desired = BTreeMap::new();
-        if self.resolver.get(cluster, resource).is_none() {
+        if self.engine.resolver.get(cluster, resource).is_none() {
             return desired; // pending: not served (yet)
         }
+        let key = |namespace: Option<String>, need| WatchKey {
+            cluster: cluster.clone(),
+            resource: resource.clone(),
+            namespace,
+            need,
+        };
         if self.config.mode == Mode::Eager {
+            // Upstream uses typed informers for the core types its evaluators read, metadata
+            // informers for everything else.
             let typed = resource.group.is_empty()
                 && ["pods", "services", "persistentvolumeclaims"].contains(&resource.resource.as_str());
-            let need = if typed { Need::Typed } else { Need::Count };
             desired.insert(
-                WatchKey {
-                    cluster: cluster.clone(),
-                    resource: resource.clone(),
-                    namespace: None,
-                    need,
-                },
+                key(None, if typed { Need::Typed } else { Need::Count }),
                 BTreeSet::new(),
             );
             return desired;
         }
-        let demand = self.index.demand_of(cluster, resource);
-        if demand.is_empty() {
+        let demand = self.engine.index.demand_of(cluster, resource);
+        let Some(need) = demand.values().copied().max() else {
             return desired;
-        }
-        let need = demand.values().copied().max().unwrap_or(Need::Count);
+        };
         if demand.len() > self.config.namespace_watch_threshold {
-            desired.insert(
-                WatchKey {
-                    cluster: cluster.clone(),
-                    resource: resource.clone(),
-                    namespace: None,
-                    need,
-                },
-                demand.keys().cloned().collect(),
-            );
+            desired.insert(key(None, need), demand.keys().cloned().collect());
         } else {
             for ns in demand.keys() {
-                desired.insert(
-                    WatchKey {
-                        cluster: cluster.clone(),
-                        resource: resource.clone(),
-                        namespace: Some(ns.to_string()),
-                        need,
-                    },
-                    BTreeSet::from([ns.clone()]),
-                );
+                desired.insert(key(Some(ns.to_string()), need), BTreeSet::from([ns.clone()]));
             }
         }
         desired
@@ -567,29 +488,27 @@ impl Controller {
             .cloned()
             .collect();
         for key in current {
-            match desired.get(&key) {
-                None => self.stop_watch(&key),
-                Some(namespaces) => {
-                    let running = self.watches.get(&key).expect("listed above");
-                    let added = namespaces.iter().any(|ns| !running.namespaces.contains(ns));
-                    let removed: Vec<Arc<str>> = running
-                        .namespaces
-                        .iter()
-                        .filter(|ns| !namespaces.contains(*ns))
-                        .cloned()
-                        .collect();
-                    for ns in removed {
-                        self.release(&key, &ns);
-                        if let Some(r) = self.watches.get_mut(&key) {
-                            r.namespaces.remove(&ns);
-                        }
-                    }
-                    if added {
-                        // A cluster-wide watch cannot fill a joining namespace exactly without
-                        // a list of its own; restarting it relists into a fresh generation.
-                        self.stop_watch(&key);
-                    }
-                }
+            let Some(namespaces) = desired.get(&key) else {
+                self.stop_watch(&key);
+                continue;
+            };
+            let running = self.watches.get_mut(&key).expect("listed above");
+            if running.hold_all {
+                continue;
+            }
+            let added = namespaces.iter().any(|ns| !running.namespaces.contains(ns));
+            let removed: Vec<Arc<str>> = running.namespaces.difference(namespaces).cloned().collect();
+            for ns in &removed {
+                running.namespaces.remove(ns);
+            }
+            let kind = store_kind(&key.resource, key.need);
+            for ns in removed {
+                self.engine.release(kind, &partition(&key, &ns));
+            }
+            if added {
+                // A joining namespace is filled by relisting the cluster-wide watch into a fresh
+                // generation (exact; costs one list of the resource).
+                self.stop_watch(&key);
             }
         }
         for (key, namespaces) in desired {
@@ -600,15 +519,16 @@ impl Controller {
     }
 
     fn start_watch(&mut self, key: WatchKey, namespaces: BTreeSet<Arc<str>>) {
-        let Some(served) = self.resolver.get(&key.cluster, &key.resource).cloned() else {
+        let Some(served) = self.engine.resolver.get(&key.cluster, &key.resource).cloned() else {
             return;
         };
         self.next_id += 1;
         let id = self.next_id;
         let (stream, abort) =
             crate::watch::open(&self.client, &served, &key, self.options, &self.interner, id);
+        let kind = store_kind(&key.resource, key.need);
         for ns in &namespaces {
-            self.hold(&key, ns);
+            self.engine.hold(kind, partition(&key, ns));
         }
         info!(watch = %key, version = %served.version, "watch started");
         self.streams.push(stream);
@@ -634,12 +554,9 @@ impl Controller {
         };
         running.abort.abort();
         self.by_id.remove(&running.id);
-        if running.hold_all {
-            self.release_all(key);
-        } else {
-            for ns in &running.namespaces {
-                self.release(key, ns);
-            }
+        let kind = store_kind(&key.resource, key.need);
+        for p in self.partitions_of(key, &running) {
+            self.engine.release(kind, &p);
         }
         info!(watch = %key, "watch stopped");
     }
@@ -656,103 +573,66 @@ impl Controller {
         }
     }
 
-    // ---- partitions ----------------------------------------------------------------------------
-
-    fn partition(key: &WatchKey, namespace: &str) -> PartitionKey {
-        PartitionKey {
-            cluster: key.cluster.clone(),
-            resource: key.resource.clone(),
-            namespace: Arc::from(namespace),
+    /// The partitions a watch fills (eager watches: every one held for its resource).
+    fn partitions_of(&self, key: &WatchKey, running: &Running) -> Vec<PartitionKey> {
+        if running.hold_all {
+            self.engine
+                .held_namespaces(store_kind(&key.resource, key.need), &key.cluster, &key.resource)
+        } else {
+            running.namespaces.iter().map(|ns| partition(key, ns)).collect()
         }
     }
 
-    fn hold(&mut self, key: &WatchKey, ns: &str) {
-        let p = Self::partition(key, ns);
-        match store_kind(key) {
-            StoreKind::Counts => self.counts.hold(p),
-            StoreKind::Pods => self.pods.hold(p),
-            StoreKind::Services => self.services.hold(p),
-            StoreKind::Pvcs => self.pvcs.hold(p),
-        }
-    }
-
-    fn release(&mut self, key: &WatchKey, ns: &str) {
-        let p = Self::partition(key, ns);
-        match store_kind(key) {
-            StoreKind::Counts => self.counts.release(&p),
-            StoreKind::Pods => self.pods.release(&p),
-            StoreKind::Services => self.services.release(&p),
-            StoreKind::Pvcs => self.pvcs.release(&p),
-        }
-    }
-
-    fn release_all(&mut self, key: &WatchKey) {
-        let partitions: Vec<PartitionKey> = match store_kind(key) {
-            StoreKind::Counts => self.counts.partition_stats().map(|(p, _, _)| p.clone()).collect(),
-            StoreKind::Pods => self.pods.partition_stats().map(|(p, _, _)| p.clone()).collect(),
-            StoreKind::Services => self
-                .services
-                .partition_stats()
-                .map(|(p, _, _)| p.clone())
-                .collect(),
-            StoreKind::Pvcs => self.pvcs.partition_stats().map(|(p, _, _)| p.clone()).collect(),
-        };
-        for p in partitions
-            .iter()
-            .filter(|p| p.cluster == key.cluster && p.resource == key.resource)
-        {
-            self.release(key, &p.namespace);
-        }
-    }
-
-    // ---- watch events ----------------------------------------------------------------------------
+    // ---- watch events ----------------------------------------------------------------------
 
     fn on_watch_item(&mut self, id: u64, item: WatchItem) {
         let Some(key) = self.by_id.get(&id).cloned() else {
             return;
         }; // a stopped watch's last item
+        let Some(running) = self.watches.get(&key) else {
+            return;
+        };
+        let kind = store_kind(&key.resource, key.need);
         let name = key.resource.object_count_name();
         *self.stats.events.entry(name.clone()).or_default() += 1;
         match item {
             WatchItem::Init => {
                 *self.stats.relists.entry(name).or_default() += 1;
-                let namespaces = self.partitions_of(&key);
-                let running = self.watches.get_mut(&key).expect("by_id and watches agree");
-                running.relisting = true;
-                for ns in namespaces {
-                    self.with_store(&key, |s| s.begin_relist(&Self::partition(&key, &ns)));
+                for p in self.partitions_of(&key, running) {
+                    self.engine.begin_relist(kind, &p);
                 }
+                self.watches.get_mut(&key).expect("present").relisting = true;
             }
             WatchItem::InitApply(ObjectEvent {
                 namespace,
                 name,
                 object,
             }) => {
-                self.ensure_held(&key, &namespace, true);
-                let p = Self::partition(&key, &namespace);
-                self.relist_apply(&key, &p, object_id(&name), object);
+                let p = partition(&key, &namespace);
+                if self.ensure_held(&key, kind, &p)
+                    && let Some(reason) = self.engine.relist_apply(kind, &p, object_id(&name), object)
+                {
+                    warn!(watch = %key, %namespace, %name, %reason, "object could not be projected; left out of usage");
+                }
             }
             WatchItem::InitDone => {
-                let namespaces = self.partitions_of(&key);
-                for ns in &namespaces {
-                    self.with_store(&key, |s| {
-                        s.finish_relist(&Self::partition(&key, ns));
-                    });
+                let partitions = self.partitions_of(&key, running);
+                for p in &partitions {
+                    self.engine.finish_relist(kind, p);
                 }
-                let running = self.watches.get_mut(&key).expect("by_id and watches agree");
+                let running = self.watches.get_mut(&key).expect("present");
                 let first = !running.synced;
                 running.synced = true;
                 running.relisting = false;
                 if running.failure.take().is_some() {
                     info!(watch = %key, "watch recovered");
-                }
-                if first {
+                } else if first {
                     info!(watch = %key, "watch synced");
                 }
                 // A newly synced (or relisted) resource: its quotas can be computed now.
                 let now = Instant::now();
-                for quota in self.index.computing(&key.cluster, &key.resource) {
-                    if namespaces.iter().any(|ns| **ns == *quota.namespace) {
+                for quota in self.engine.index.computing(&key.cluster, &key.resource) {
+                    if partitions.iter().any(|p| p.namespace == quota.namespace) {
                         self.queue.add(quota, now);
                     }
                 }
@@ -762,19 +642,21 @@ impl Controller {
                 name,
                 object,
             }) => {
-                if !self.ensure_held(&key, &namespace, false) {
+                let p = partition(&key, &namespace);
+                if !self.ensure_held(&key, kind, &p) {
                     return; // another namespace's object on a cluster-wide watch: dropped at ingest
                 }
-                let p = Self::partition(&key, &namespace);
-                let triggers = self.apply_object(&key, &p, object_id(&name), object);
-                if triggers {
-                    self.replenish(&key, &namespace);
+                match self.engine.apply(kind, &p, object_id(&name), object, now()) {
+                    Applied::Replenish => self.replenish(&key, &namespace),
+                    Applied::Malformed(reason) => {
+                        warn!(watch = %key, %namespace, %name, %reason, "object could not be projected; left out of usage");
+                    }
+                    Applied::Stored | Applied::NotHeld => {}
                 }
             }
             WatchItem::Delete(ObjectEvent { namespace, name, .. }) => {
-                let p = Self::partition(&key, &namespace);
-                let removed = self.with_store(&key, |s| s.delete(&p, object_id(&name)));
-                if removed {
+                let p = partition(&key, &namespace);
+                if self.engine.delete(kind, &p, object_id(&name)) == Applied::Replenish {
                     self.replenish(&key, &namespace);
                 }
             }
@@ -784,58 +666,20 @@ impl Controller {
                     .watch_errors
                     .entry((name, reason.to_owned()))
                     .or_default() += 1;
-                let running = self.watches.get_mut(&key).expect("by_id and watches agree");
+                let running = self.watches.get_mut(&key).expect("present");
                 if running.failure.as_ref().is_none_or(|(r, _)| *r != reason) {
                     // Only the keys computed from this resource keep their previous values;
                     // every other quota and key stays current.
-                    warn!(watch = %key, reason, error = %message, "watch failing; quotas keep previous values for keys computed from it");
+                    warn!(watch = %key, reason, error = %message, "watch failing; keys computed from it keep their previous values");
                 }
                 running.failure = Some((reason, message));
             }
         }
     }
 
-    /// The namespaces whose partitions this watch fills (for eager watches, every held one).
-    fn partitions_of(&self, key: &WatchKey) -> Vec<Arc<str>> {
-        let Some(running) = self.watches.get(key) else {
-            return Vec::new();
-        };
-        if !running.hold_all {
-            return running.namespaces.iter().cloned().collect();
-        }
-        let matches = |p: &PartitionKey| p.cluster == key.cluster && p.resource == key.resource;
-        match store_kind(key) {
-            StoreKind::Counts => self
-                .counts
-                .partition_stats()
-                .filter(|(p, _, _)| matches(p))
-                .map(|(p, _, _)| p.namespace.clone())
-                .collect(),
-            StoreKind::Pods => self
-                .pods
-                .partition_stats()
-                .filter(|(p, _, _)| matches(p))
-                .map(|(p, _, _)| p.namespace.clone())
-                .collect(),
-            StoreKind::Services => self
-                .services
-                .partition_stats()
-                .filter(|(p, _, _)| matches(p))
-                .map(|(p, _, _)| p.namespace.clone())
-                .collect(),
-            StoreKind::Pvcs => self
-                .pvcs
-                .partition_stats()
-                .filter(|(p, _, _)| matches(p))
-                .map(|(p, _, _)| p.namespace.clone())
-                .collect(),
-        }
-    }
-
     /// Whether the object's partition is held; eager watches hold every namespace they see.
-    fn ensure_held(&mut self, key: &WatchKey, namespace: &str, in_relist: bool) -> bool {
-        let p = Self::partition(key, namespace);
-        if self.with_store(key, |s| s.holds(&p)) {
+    fn ensure_held(&mut self, key: &WatchKey, kind: StoreKind, p: &PartitionKey) -> bool {
+        if self.engine.holds(kind, p) {
             return true;
         }
         let Some(running) = self.watches.get(key) else {
@@ -845,73 +689,27 @@ impl Controller {
             return false;
         }
         let relisting = running.relisting;
-        self.hold(key, namespace);
-        if in_relist && relisting {
-            self.with_store(key, |s| s.begin_relist(&p));
-        } else if !relisting {
-            self.with_store(key, |s| {
-                s.finish_relist(&p);
-            });
+        self.engine.hold(kind, p.clone());
+        if relisting {
+            self.engine.begin_relist(kind, p);
+        } else {
+            self.engine.finish_relist(kind, p);
         }
         true
     }
 
-    fn with_store<R>(&mut self, key: &WatchKey, f: impl FnOnce(&mut dyn StoreOps) -> R) -> R {
-        match store_kind(key) {
-            StoreKind::Counts => f(&mut self.counts),
-            StoreKind::Pods => f(&mut self.pods),
-            StoreKind::Services => f(&mut self.services),
-            StoreKind::Pvcs => f(&mut self.pvcs),
-        }
-    }
-
-    fn relist_apply(&mut self, key: &WatchKey, p: &PartitionKey, id: u64, object: Projected) {
-        match (store_kind(key), object) {
-            (StoreKind::Counts, _) => self.counts.relist_apply(p, id, ()),
-            (StoreKind::Pods, Projected::Pod(o)) => self.pods.relist_apply(p, id, o),
-            (StoreKind::Services, Projected::Service(o)) => self.services.relist_apply(p, id, o),
-            (StoreKind::Pvcs, Projected::Pvc(o)) => self.pvcs.relist_apply(p, id, o),
-            (_, object) => malformed(key, p, &object),
-        }
-    }
-
-    /// Applies an object; returns whether upstream's update filter would replenish.
-    fn apply_object(&mut self, key: &WatchKey, p: &PartitionKey, id: u64, object: Projected) -> bool {
-        let now = now();
-        let gates = self.config.gates;
-        match (store_kind(key), object) {
-            // Metadata-only updates never change a count (upstream's filter is false for them).
-            (StoreKind::Counts, _) => {
-                self.counts.apply(p, id, ());
-                false
-            }
-            (StoreKind::Pods, Projected::Pod(new)) => match self.pods.apply(p, id, new.clone()) {
-                Change::Updated(old) => pod_update_triggers(&old, &new, now, gates),
-                _ => false,
-            },
-            (StoreKind::Services, Projected::Service(new)) => match self.services.apply(p, id, new) {
-                Change::Updated(old) => service_update_triggers(&old, &new),
-                _ => false,
-            },
-            (StoreKind::Pvcs, Projected::Pvc(new)) => match self.pvcs.apply(p, id, new.clone()) {
-                Change::Updated(old) => pvc_update_triggers(&old, &new),
-                _ => false,
-            },
-            (_, object) => {
-                malformed(key, p, &object);
-                false
-            }
-        }
-    }
-
     fn replenish(&mut self, key: &WatchKey, namespace: &str) {
         let now = Instant::now();
-        for quota in self.index.dirtied_by(&key.cluster, namespace, &key.resource) {
+        for quota in self
+            .engine
+            .index
+            .dirtied_by(&key.cluster, namespace, &key.resource)
+        {
             self.queue.add(quota, now);
         }
     }
 
-    // ---- computing and writing status ------------------------------------------------------------
+    // ---- computing and writing status ------------------------------------------------------
 
     fn start_syncs(&mut self) {
         let now = Instant::now();
@@ -924,30 +722,35 @@ impl Controller {
     }
 
     fn sync_quota(&mut self, key: QuotaKey, started: Instant) {
-        let Some(decision) = self.compute(&key) else {
+        let Some(computed) = self.engine.compute(&key, now()) else {
             self.queue.done(&key);
             return;
         };
-        let entry = self.index.get(&key).expect("computed from the index");
-        if self.config.shadow {
-            self.report_shadow(&key, &decision);
+        for error in &computed.scope_errors {
+            warn!(quota = %key, %error, "scope matching failed; usage is the partial sum, as upstream");
+        }
+        let decision = computed.decision;
+        if self.config.shadow || !decision.dirty {
+            if self.config.shadow {
+                self.report_shadow(&key, &decision);
+            } else {
+                *self.stats.syncs.entry("unchanged").or_default() += 1;
+            }
             self.queue.forget(&key);
             self.queue.done(&key);
             self.stats.sync_seconds.push(started.elapsed().as_secs_f64());
             return;
         }
-        if !decision.dirty {
-            *self.stats.syncs.entry("unchanged").or_default() += 1;
-            self.queue.forget(&key);
-            self.queue.done(&key);
-            self.stats.sync_seconds.push(started.elapsed().as_secs_f64());
-            return;
-        }
+        let resource_version = self
+            .engine
+            .index
+            .get(&key)
+            .and_then(|e| e.payload.resource_version.clone());
         let body = ResourceQuota {
             metadata: ObjectMeta {
                 name: Some(key.name.to_string()),
                 namespace: Some(key.namespace.to_string()),
-                resource_version: entry.payload.resource_version.clone(),
+                resource_version,
                 ..ObjectMeta::default()
             },
             spec: None,
@@ -964,123 +767,27 @@ impl Controller {
         self.writes.push(write.boxed());
     }
 
-    /// `syncResourceQuota` minus the write: `None` if the quota is gone.
-    fn compute(&self, key: &QuotaKey) -> Option<StatusDecision> {
-        let entry = self.index.get(key)?;
-        let state = &entry.payload;
-        let registry = self
-            .registries
-            .get(&key.cluster)
-            .cloned()
-            .unwrap_or_else(|| Registry::new(self.config.gates));
-        let hard_keys: Vec<&str> = state.spec.hard_keys.iter().map(String::as_str).collect();
-        let plan = registry.plan(&hard_keys);
-        let now = now();
-        let results: Vec<(Evaluator, Option<ResourceList>)> = plan
-            .per_evaluator
-            .iter()
-            .map(|(evaluator, keys)| {
-                let used = self.evaluate(
-                    key,
-                    entry.demands().get(&evaluator.group_resource()).copied(),
-                    evaluator,
-                    keys,
-                    state,
-                    now,
-                );
-                (evaluator.clone(), used)
-            })
-            .collect();
-        let used = plan.merge(&results);
-        Some(assemble_status(
-            state.spec_hard.as_ref(),
-            state.status_hard.as_ref(),
-            state.status_used.as_ref(),
-            &used,
-        ))
-    }
-
-    /// One evaluator's usage in the quota's namespace, or `None` if it cannot be computed now
-    /// (its resource is not synced): its keys then keep their previous values.
-    fn evaluate(
-        &self,
-        quota: &QuotaKey,
-        need: Option<Need>,
-        evaluator: &Evaluator,
-        keys: &[String],
-        state: &QuotaState,
-        now: Time,
-    ) -> Option<ResourceList> {
-        let scopes = &state.spec.scopes;
-        let gates = self.config.gates;
-        let resource = evaluator.group_resource();
-        let p = PartitionKey {
-            cluster: quota.cluster.clone(),
-            resource: resource.clone(),
-            namespace: quota.namespace.clone(),
-        };
-        match (need, evaluator) {
-            (_, Evaluator::ResourceClaims) => None,
-            // Nothing demanded: every object is excluded by the scopes, so the value is 0.
-            (None, Evaluator::ObjectCount(_)) => Some(calculate_object_count_usage(keys, scopes, 0)),
-            (None, Evaluator::Pods) => {
-                Some(calculate_usage::<PodProjection, _, _>(keys, scopes, [], now, gates).used)
-            }
-            (None, Evaluator::Services) => {
-                Some(calculate_usage::<ServiceProjection, _, _>(keys, scopes, [], now, gates).used)
-            }
-            (None, Evaluator::PersistentVolumeClaims) => {
-                Some(calculate_usage::<PvcProjection, _, _>(keys, scopes, [], now, gates).used)
-            }
-            (Some(Need::Count), _) => {
-                // Counted from whichever store holds the partition (a typed watch serves counts too).
-                let count = Self::synced_len(&self.counts, &p)
-                    .or_else(|| Self::synced_len(&self.pods, &p))
-                    .or_else(|| Self::synced_len(&self.services, &p))
-                    .or_else(|| Self::synced_len(&self.pvcs, &p))?;
-                Some(calculate_object_count_usage(keys, scopes, count as u64))
-            }
-            (Some(Need::Typed), Evaluator::Pods) => {
-                typed_usage(&self.pods, &p, keys, scopes, now, gates, quota)
-            }
-            (Some(Need::Typed), Evaluator::Services) => {
-                typed_usage(&self.services, &p, keys, scopes, now, gates, quota)
-            }
-            (Some(Need::Typed), Evaluator::PersistentVolumeClaims) => {
-                typed_usage(&self.pvcs, &p, keys, scopes, now, gates, quota)
-            }
-            (Some(Need::Typed), Evaluator::ObjectCount(_)) => Some(calculate_object_count_usage(
-                keys,
-                scopes,
-                Self::synced_len(&self.counts, &p)? as u64,
-            )),
-        }
-    }
-
-    fn synced_len<P: HeapSize>(store: &UsageStore<P>, p: &PartitionKey) -> Option<usize> {
-        store
-            .partition(p)
-            .filter(|x| x.is_synced())
-            .map(|x| x.objects().len())
-    }
-
     fn report_shadow(&mut self, key: &QuotaKey, decision: &StatusDecision) {
-        let state = &self.index.get(key).expect("computed").payload;
-        let stored = state.status_used.clone().unwrap_or_default();
+        let stored = self
+            .engine
+            .index
+            .get(key)
+            .and_then(|e| e.payload.status_used.clone())
+            .unwrap_or_default();
         let quota = key.to_string();
         self.stats.disagreements.retain(|(q, _), _| q != &quota);
         let mut disagree = false;
         for (name, ours) in &decision.used {
             let theirs = stored.get(name);
-            let same = theirs.is_some_and(|t| same_value(ours, t));
-            if !same {
-                disagree = true;
-                let theirs = theirs.map_or_else(|| "<absent>".to_owned(), |t| t.0.clone());
-                warn!(quota = %quota, key = %name, ours = %ours.0, stored = %theirs, "shadow: status.used disagrees");
-                self.stats
-                    .disagreements
-                    .insert((quota.clone(), name.clone()), (ours.0.clone(), theirs));
+            if theirs.is_some_and(|t| same_value(ours, t)) {
+                continue;
             }
+            disagree = true;
+            let theirs = theirs.map_or_else(|| "<absent>".to_owned(), |t| t.0.clone());
+            warn!(quota = %quota, key = %name, ours = %ours.0, stored = %theirs, "shadow: status.used disagrees");
+            self.stats
+                .disagreements
+                .insert((quota.clone(), name.clone()), (ours.0.clone(), theirs));
         }
         *self
             .stats
@@ -1100,12 +807,7 @@ impl Controller {
             Ok(written) => {
                 *self.stats.syncs.entry("written").or_default() += 1;
                 self.queue.forget(key);
-                if let Some(state) = self.index.payload_mut(key) {
-                    let status = written.status.as_ref();
-                    state.status_hard = status.and_then(|s| s.hard.clone());
-                    state.status_used = status.and_then(|s| s.used.clone());
-                    state.resource_version = written.resource_version();
-                }
+                self.engine.record_written(key, &written);
                 debug!(quota = %key, "status written");
             }
             Err(kube::Error::Api(status)) if status.code == 409 => {
@@ -1114,9 +816,7 @@ impl Controller {
                 let delay = self.queue.add_rate_limited(key.clone(), Instant::now());
                 debug!(quota = %key, ?delay, "status write conflicted; retrying");
             }
-            Err(kube::Error::Api(status)) if status.code == 404 => {
-                self.queue.forget(key);
-            }
+            Err(kube::Error::Api(status)) if status.code == 404 => self.queue.forget(key),
             Err(error) => {
                 *self.stats.syncs.entry("error").or_default() += 1;
                 let delay = self.queue.add_rate_limited(key.clone(), Instant::now());
@@ -1125,10 +825,11 @@ impl Controller {
         }
     }
 
-    // ---- snapshot -------------------------------------------------------------------------------
+    // ---- snapshot --------------------------------------------------------------------------
 
-    fn publish_snapshot(&mut self) {
-        self.stats.quotas = self.index.len();
+    /// The state now; gauges are computed here, at scrape time.
+    fn snapshot(&mut self) -> Snapshot {
+        self.stats.quotas = self.engine.index.len();
         self.stats.watches = self
             .watches
             .iter()
@@ -1138,126 +839,33 @@ impl Controller {
                 failure: r.failure.as_ref().map(|(reason, _)| (*reason).to_owned()),
             })
             .collect();
-        let mut held: BTreeMap<String, (usize, usize)> = BTreeMap::new();
-        let mut add = |p: &PartitionKey, n: usize, b: usize| {
-            let e = held.entry(p.resource.object_count_name()).or_default();
-            e.0 += n;
-            e.1 += b;
-        };
-        self.counts.partition_stats().for_each(|(p, n, b)| add(p, n, b));
-        self.pods.partition_stats().for_each(|(p, n, b)| add(p, n, b));
-        self.services.partition_stats().for_each(|(p, n, b)| add(p, n, b));
-        self.pvcs.partition_stats().for_each(|(p, n, b)| add(p, n, b));
-        self.stats.held = held;
+        self.stats.held = self.engine.held_by_resource();
         let mut pending: BTreeMap<String, usize> = BTreeMap::new();
-        for (cluster, resource) in self.index.demanded() {
-            if self.resolver.knows(cluster) && self.resolver.get(cluster, resource).is_none() {
+        for (cluster, resource) in self.engine.index.demanded() {
+            if self.engine.resolver.knows(cluster) && self.engine.resolver.get(cluster, resource).is_none() {
                 *pending.entry(resource.object_count_name()).or_default() +=
-                    self.index.computing(cluster, resource).len();
+                    self.engine.index.computing(cluster, resource).len();
             }
         }
         self.stats.pending = pending.into_iter().collect();
         let snapshot = self.stats.clone();
         self.stats.sync_seconds.clear();
-        self.publish.send_replace(snapshot);
+        snapshot
     }
 }
 
-/// The object-safe part of [`UsageStore`] the event loop needs regardless of projection.
-trait StoreOps {
-    fn holds(&self, p: &PartitionKey) -> bool;
-    fn begin_relist(&mut self, p: &PartitionKey);
-    fn finish_relist(&mut self, p: &PartitionKey) -> bool;
-    fn delete(&mut self, p: &PartitionKey, id: u64) -> bool;
-}
-
-impl<P: HeapSize> StoreOps for UsageStore<P> {
-    fn holds(&self, p: &PartitionKey) -> bool {
-        UsageStore::holds(self, p)
-    }
-    fn begin_relist(&mut self, p: &PartitionKey) {
-        UsageStore::begin_relist(self, p);
-    }
-    fn finish_relist(&mut self, p: &PartitionKey) -> bool {
-        UsageStore::finish_relist(self, p)
-    }
-    fn delete(&mut self, p: &PartitionKey, id: u64) -> bool {
-        !matches!(UsageStore::delete(self, p, id), Change::None)
+fn partition(key: &WatchKey, namespace: &str) -> PartitionKey {
+    PartitionKey {
+        cluster: key.cluster.clone(),
+        resource: key.resource.clone(),
+        namespace: Arc::from(namespace),
     }
 }
 
-#[derive(Clone, Copy)]
-enum StoreKind {
-    Counts,
-    Pods,
-    Services,
-    Pvcs,
-}
-
-fn store_kind(key: &WatchKey) -> StoreKind {
-    match (
-        key.need,
-        key.resource.group.as_str(),
-        key.resource.resource.as_str(),
-    ) {
-        (Need::Typed, "", "pods") => StoreKind::Pods,
-        (Need::Typed, "", "services") => StoreKind::Services,
-        (Need::Typed, "", "persistentvolumeclaims") => StoreKind::Pvcs,
-        _ => StoreKind::Counts,
-    }
-}
-
-fn typed_usage<P>(
-    store: &UsageStore<P>,
-    p: &PartitionKey,
-    keys: &[String],
-    scopes: &lazyquota_quota::QuotaScopes,
-    now: Time,
-    gates: FeatureGates,
-    quota: &QuotaKey,
-) -> Option<ResourceList>
-where
-    P: HeapSize + lazyquota_quota::QuotaObject,
-{
-    let partition = store.partition(p).filter(|x| x.is_synced())?;
-    let stats = calculate_usage(keys, scopes, partition.objects().values(), now, gates);
-    if let Some(error) = stats.scope_error {
-        // Upstream's CalculateUsageStats stops at the first object whose scope match fails
-        // and returns the partial sum with a nil error; the same partial sum is written here.
-        warn!(quota = %quota, %error, "scope matching failed; usage is the partial sum, as upstream");
-    }
-    Some(stats.used)
-}
-
-fn malformed(key: &WatchKey, p: &PartitionKey, object: &Projected) {
-    if let Projected::Malformed(reason) = object {
-        warn!(watch = %key, namespace = %p.namespace, %reason, "object could not be projected; left out of usage");
-    }
-}
-
-fn report_spec_problems(key: &QuotaKey, spec: &QuotaSpec) {
-    for problem in &spec.problems {
+fn report_spec_problems(key: &QuotaKey, problems: &[lazyquota_quota::SpecProblem]) {
+    for problem in problems {
         warn!(quota = %key, %problem, "quota spec problem; other keys and quotas are unaffected");
     }
-}
-
-fn same_value(a: &K8sQuantity, b: &K8sQuantity) -> bool {
-    match (
-        lazyquota_quota::Quantity::parse_k8s(a),
-        lazyquota_quota::Quantity::parse_k8s(b),
-    ) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => a.0 == b.0,
-    }
-}
-
-fn same_quantities(
-    a: Option<&BTreeMap<String, K8sQuantity>>,
-    b: Option<&BTreeMap<String, K8sQuantity>>,
-) -> bool {
-    let empty = BTreeMap::new();
-    let (a, b) = (a.unwrap_or(&empty), b.unwrap_or(&empty));
-    a.len() == b.len() && a.iter().all(|(k, v)| b.get(k).is_some_and(|w| same_value(v, w)))
 }
 
 fn now() -> Time {

@@ -22,6 +22,7 @@ use kube::{
     runtime::{WatchStreamExt as _, watcher},
 };
 use lazyquota_index::{
+    engine::Projected,
     keys::{ClusterName, GroupResource, Need},
     resolver::ServedResource,
 };
@@ -50,21 +51,6 @@ impl fmt::Display for WatchKey {
             None => write!(f, "{}|{resource} cluster-wide ({:?})", self.cluster, self.need),
         }
     }
-}
-
-/// What the store keeps of one object.
-#[derive(Debug)]
-pub enum Projected {
-    /// Existence only.
-    Meta,
-    /// A pod's projection.
-    Pod(PodProjection),
-    /// A service's projection.
-    Service(ServiceProjection),
-    /// A PVC's projection.
-    Pvc(PvcProjection),
-    /// The object could not be projected (it names the reason); it is left out of sums.
-    Malformed(String),
 }
 
 /// One object of a watch event.

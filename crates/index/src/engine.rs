@@ -1,0 +1,731 @@
+//! The Engine: everything lazyquota knows, as one pure state machine — quotas and their
+//! demand ([`PolicyIndex`]), what each cluster serves ([`Resolver`]), the evaluators
+//! (`Registry`), and the objects held ([`UsageStore`]s) — and the computation of a quota's
+//! `status` from them, as upstream's `syncResourceQuota` does.
+//!
+//! The controller (crates/kube) is the IO loop around it: it feeds watch events in and
+//! writes the decisions out. `lazyquota usage` feeds it one direct list instead.
+//!
+//! Stores: count-only objects in one `UsageStore<()>`; pods, services and PVCs watched for
+//! their projections in a store each. Which store a partition lives in follows the need of
+//! the watch that fills it ([`store_kind`]).
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::{api::core::v1::ResourceQuota, apimachinery::pkg::api::resource::Quantity as K8sQuantity};
+use lazyquota_quota::{
+    Evaluator, FeatureGates, PodProjection, PvcProjection, QuotaObject, QuotaScopes, QuotaSpec, Registry,
+    ResourceList, ServiceProjection, SpecProblem, StatusDecision, Time, assemble_status,
+    calculate_object_count_usage, calculate_usage, pod_update_triggers, pvc_update_triggers,
+    service_update_triggers,
+};
+
+use crate::{
+    keys::{ClusterName, GroupResource, Need, QuotaKey},
+    policy::{DemandChange, PolicyIndex, QuotaPolicy},
+    resolver::{Resolver, ResolverChange, ServedResource},
+    store::{Change, HeapSize, PartitionKey, UsageStore},
+};
+
+/// What is kept per quota: parsed, never the full object (~200 B plus the hard keys).
+#[derive(Debug)]
+pub struct QuotaState {
+    /// Parsed spec (hard keys, scopes, problems).
+    pub spec: QuotaSpec,
+    /// `spec.hard` as the apiserver stores it (copied verbatim into `status.hard`).
+    pub spec_hard: Option<BTreeMap<String, K8sQuantity>>,
+    /// `status.hard` as last seen or written.
+    pub status_hard: Option<BTreeMap<String, K8sQuantity>>,
+    /// `status.used` as last seen or written: the previous values that unsynced keys keep.
+    pub status_used: Option<BTreeMap<String, K8sQuantity>>,
+    /// The resourceVersion a status write is guarded by.
+    pub resource_version: Option<String>,
+}
+
+impl QuotaState {
+    /// Parses a quota into the index's policy and the kept state.
+    pub fn from_quota(quota: &ResourceQuota) -> (QuotaPolicy, Self) {
+        let spec = QuotaSpec::from_resource_quota(quota);
+        let status = quota.status.as_ref();
+        let policy = QuotaPolicy {
+            spec_hard: spec.hard_keys.iter().cloned().collect(),
+            status_hard: status
+                .and_then(|s| s.hard.as_ref())
+                .map(|h| h.keys().cloned().collect())
+                .unwrap_or_default(),
+            scopes: spec.scopes.clone(),
+        };
+        let state = Self {
+            spec,
+            spec_hard: quota.spec.as_ref().and_then(|s| s.hard.clone()),
+            status_hard: status.and_then(|s| s.hard.clone()),
+            status_used: status.and_then(|s| s.used.clone()),
+            resource_version: quota.metadata.resource_version.clone(),
+        };
+        (policy, state)
+    }
+}
+
+/// What the store keeps of one object, as extracted by the watch.
+#[derive(Debug)]
+pub enum Projected {
+    /// Existence only.
+    Meta,
+    /// A pod's projection.
+    Pod(PodProjection),
+    /// A service's projection.
+    Service(ServiceProjection),
+    /// A PVC's projection.
+    Pvc(PvcProjection),
+    /// The object could not be projected (the reason names the field and value); it is
+    /// left out of sums and reported.
+    Malformed(String),
+}
+
+/// Which store a partition lives in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum StoreKind {
+    /// Count-only objects.
+    Counts,
+    /// Pod projections.
+    Pods,
+    /// Service projections.
+    Services,
+    /// PVC projections.
+    Pvcs,
+}
+
+/// The store that objects of `resource` watched with `need` go to.
+pub fn store_kind(resource: &GroupResource, need: Need) -> StoreKind {
+    match (need, resource.group.as_str(), resource.resource.as_str()) {
+        (Need::Typed, "", "pods") => StoreKind::Pods,
+        (Need::Typed, "", "services") => StoreKind::Services,
+        (Need::Typed, "", "persistentvolumeclaims") => StoreKind::Pvcs,
+        _ => StoreKind::Counts,
+    }
+}
+
+/// What applying a quota did.
+#[derive(Debug)]
+pub struct QuotaUpdate {
+    /// Demand changes to turn into watch starts and stops.
+    pub changes: Vec<DemandChange>,
+    /// Whether the quota must be computed now: it is new, or its `spec.hard` (by value) or
+    /// its scopes changed. Upstream enqueues only on new or `spec.hard` changes; lazyquota
+    /// also recomputes at once on a `scopeSelector` change.
+    pub recompute: bool,
+    /// Problems of the spec, to report (only when `recompute`).
+    pub problems: Vec<SpecProblem>,
+}
+
+/// The outcome of applying an object event.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// The partition is not held: the object was dropped at ingest.
+    NotHeld,
+    /// Stored; the quotas need no recalculation (an add, or an update upstream's filter
+    /// ignores).
+    Stored,
+    /// Stored or removed, and upstream would replenish the namespace's quotas.
+    Replenish,
+    /// The object could not be projected; the reason.
+    Malformed(String),
+}
+
+/// The engine.
+#[derive(Debug)]
+pub struct Engine {
+    gates: FeatureGates,
+    /// Quotas and demand.
+    pub index: PolicyIndex<QuotaState>,
+    /// What each cluster serves.
+    pub resolver: Resolver,
+    registries: HashMap<ClusterName, Registry>,
+    counts: UsageStore<()>,
+    pods: UsageStore<PodProjection>,
+    services: UsageStore<ServiceProjection>,
+    pvcs: UsageStore<PvcProjection>,
+}
+
+/// Dispatches `$body` with `$s` bound to the store of kind `$kind`.
+macro_rules! with_store {
+    ($self:ident, $kind:expr, |$s:ident| $body:expr) => {
+        match $kind {
+            StoreKind::Counts => {
+                let $s = &mut $self.counts;
+                $body
+            }
+            StoreKind::Pods => {
+                let $s = &mut $self.pods;
+                $body
+            }
+            StoreKind::Services => {
+                let $s = &mut $self.services;
+                $body
+            }
+            StoreKind::Pvcs => {
+                let $s = &mut $self.pvcs;
+                $body
+            }
+        }
+    };
+}
+
+impl Engine {
+    /// An empty engine for a KCM with `gates`.
+    pub fn new(gates: FeatureGates) -> Self {
+        Self {
+            gates,
+            index: PolicyIndex::new(gates),
+            resolver: Resolver::new(),
+            registries: HashMap::new(),
+            counts: UsageStore::new(),
+            pods: UsageStore::new(),
+            services: UsageStore::new(),
+            pvcs: UsageStore::new(),
+        }
+    }
+
+    /// The feature gates.
+    pub fn gates(&self) -> FeatureGates {
+        self.gates
+    }
+
+    // ---- quotas ----------------------------------------------------------------------------
+
+    /// Adds or updates a quota.
+    pub fn apply_quota(&mut self, key: QuotaKey, quota: &ResourceQuota) -> QuotaUpdate {
+        let (policy, state) = QuotaState::from_quota(quota);
+        let recompute = match self.index.get(&key) {
+            None => true,
+            Some(old) => {
+                old.payload.spec.hard_keys != state.spec.hard_keys
+                    || !same_quantities(old.payload.spec_hard.as_ref(), state.spec_hard.as_ref())
+                    || old.payload.spec.scopes != state.spec.scopes
+            }
+        };
+        let problems = if recompute {
+            state.spec.problems.clone()
+        } else {
+            Vec::new()
+        };
+        let changes = self.index.apply(key, &policy, state);
+        QuotaUpdate {
+            changes,
+            recompute,
+            problems,
+        }
+    }
+
+    /// Removes a quota.
+    pub fn delete_quota(&mut self, key: &QuotaKey) -> Vec<DemandChange> {
+        self.index.delete(key)
+    }
+
+    /// Replaces every quota of `cluster` (a relist of the quota watch).
+    pub fn reset_quotas<'a>(
+        &mut self,
+        cluster: &ClusterName,
+        quotas: impl IntoIterator<Item = (QuotaKey, &'a ResourceQuota)>,
+    ) -> Vec<DemandChange> {
+        let entries: Vec<_> = quotas
+            .into_iter()
+            .map(|(key, quota)| {
+                let (policy, state) = QuotaState::from_quota(quota);
+                (key, policy, state)
+            })
+            .collect();
+        self.index.reset(cluster, entries)
+    }
+
+    /// Records the status a write returned, so the next computation compares against it.
+    pub fn record_written(&mut self, key: &QuotaKey, written: &ResourceQuota) {
+        if let Some(state) = self.index.payload_mut(key) {
+            let status = written.status.as_ref();
+            state.status_hard = status.and_then(|s| s.hard.clone());
+            state.status_used = status.and_then(|s| s.used.clone());
+            state
+                .resource_version
+                .clone_from(&written.metadata.resource_version);
+        }
+    }
+
+    // ---- discovery -------------------------------------------------------------------------
+
+    /// Takes a discovery run's results for `cluster`: updates what resolves and registers a
+    /// generic object-count evaluator for every quotable resource (upstream's `SyncMonitors`;
+    /// like upstream, evaluators are never removed).
+    pub fn discovered(
+        &mut self,
+        cluster: &ClusterName,
+        served: Vec<ServedResource>,
+        failed_groups: &[String],
+    ) -> Vec<ResolverChange> {
+        let changes = self.resolver.replace(cluster, served, failed_groups);
+        let registry = self
+            .registries
+            .entry(cluster.clone())
+            .or_insert_with(|| Registry::new(self.gates));
+        for served in self.resolver.quotable(cluster) {
+            registry.add_discovered(served.resource.clone());
+        }
+        changes
+    }
+
+    // ---- partitions ------------------------------------------------------------------------
+
+    /// Starts holding a partition (empty, unsynced).
+    pub fn hold(&mut self, kind: StoreKind, p: PartitionKey) {
+        with_store!(self, kind, |s| s.hold(p));
+    }
+
+    /// Stops holding a partition and frees its objects.
+    pub fn release(&mut self, kind: StoreKind, p: &PartitionKey) {
+        with_store!(self, kind, |s| s.release(p));
+    }
+
+    /// Whether a partition is held.
+    pub fn holds(&self, kind: StoreKind, p: &PartitionKey) -> bool {
+        match kind {
+            StoreKind::Counts => self.counts.holds(p),
+            StoreKind::Pods => self.pods.holds(p),
+            StoreKind::Services => self.services.holds(p),
+            StoreKind::Pvcs => self.pvcs.holds(p),
+        }
+    }
+
+    /// Starts a relist of a partition.
+    pub fn begin_relist(&mut self, kind: StoreKind, p: &PartitionKey) {
+        with_store!(self, kind, |s| s.begin_relist(p));
+    }
+
+    /// Completes a relist: the partition is synced.
+    pub fn finish_relist(&mut self, kind: StoreKind, p: &PartitionKey) {
+        with_store!(self, kind, |s| {
+            s.finish_relist(p);
+        });
+    }
+
+    /// An object of a relist. Returns the reason if it could not be projected.
+    pub fn relist_apply(
+        &mut self,
+        kind: StoreKind,
+        p: &PartitionKey,
+        id: u64,
+        object: Projected,
+    ) -> Option<String> {
+        match (kind, object) {
+            (_, Projected::Malformed(reason)) => return Some(reason),
+            (StoreKind::Counts, _) => self.counts.relist_apply(p, id, ()),
+            (StoreKind::Pods, Projected::Pod(o)) => self.pods.relist_apply(p, id, o),
+            (StoreKind::Services, Projected::Service(o)) => self.services.relist_apply(p, id, o),
+            (StoreKind::Pvcs, Projected::Pvc(o)) => self.pvcs.relist_apply(p, id, o),
+            (kind, object) => return Some(format!("{object:?} does not belong in the {kind:?} store")),
+        }
+        None
+    }
+
+    /// An added or modified object; says whether upstream's update filter would replenish.
+    pub fn apply(
+        &mut self,
+        kind: StoreKind,
+        p: &PartitionKey,
+        id: u64,
+        object: Projected,
+        now: Time,
+    ) -> Applied {
+        if !self.holds(kind, p) {
+            return Applied::NotHeld;
+        }
+        let gates = self.gates;
+        let replenish = match (kind, object) {
+            (_, Projected::Malformed(reason)) => return Applied::Malformed(reason),
+            // Metadata-only updates never change a count (upstream's filter is false for them).
+            (StoreKind::Counts, _) => {
+                self.counts.apply(p, id, ());
+                false
+            }
+            (StoreKind::Pods, Projected::Pod(new)) => match self.pods.apply(p, id, new.clone()) {
+                Change::Updated(old) => pod_update_triggers(&old, &new, now, gates),
+                _ => false,
+            },
+            (StoreKind::Services, Projected::Service(new)) => match self.services.apply(p, id, new) {
+                Change::Updated(old) => service_update_triggers(&old, &new),
+                _ => false,
+            },
+            (StoreKind::Pvcs, Projected::Pvc(new)) => match self.pvcs.apply(p, id, new.clone()) {
+                Change::Updated(old) => pvc_update_triggers(&old, &new),
+                _ => false,
+            },
+            (kind, object) => {
+                return Applied::Malformed(format!("{object:?} does not belong in the {kind:?} store"));
+            }
+        };
+        if replenish {
+            Applied::Replenish
+        } else {
+            Applied::Stored
+        }
+    }
+
+    /// A deleted object: upstream always replenishes on delete.
+    pub fn delete(&mut self, kind: StoreKind, p: &PartitionKey, id: u64) -> Applied {
+        let removed = with_store!(self, kind, |s| !matches!(s.delete(p, id), Change::None));
+        if removed {
+            Applied::Replenish
+        } else {
+            Applied::NotHeld
+        }
+    }
+
+    /// Namespaces held for (cluster, resource) in a store.
+    pub fn held_namespaces(
+        &self,
+        kind: StoreKind,
+        cluster: &ClusterName,
+        resource: &GroupResource,
+    ) -> Vec<PartitionKey> {
+        let matches = |p: &&PartitionKey| &p.cluster == cluster && &p.resource == resource;
+        match kind {
+            StoreKind::Counts => self
+                .counts
+                .partition_stats()
+                .map(|(p, _, _)| p)
+                .filter(matches)
+                .cloned()
+                .collect(),
+            StoreKind::Pods => self
+                .pods
+                .partition_stats()
+                .map(|(p, _, _)| p)
+                .filter(matches)
+                .cloned()
+                .collect(),
+            StoreKind::Services => self
+                .services
+                .partition_stats()
+                .map(|(p, _, _)| p)
+                .filter(matches)
+                .cloned()
+                .collect(),
+            StoreKind::Pvcs => self
+                .pvcs
+                .partition_stats()
+                .map(|(p, _, _)| p)
+                .filter(matches)
+                .cloned()
+                .collect(),
+        }
+    }
+
+    /// Objects and bytes held per resource (`count/` name), computed now (scrape time).
+    pub fn held_by_resource(&self) -> BTreeMap<String, (usize, usize)> {
+        let mut held: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+        let mut add = |p: &PartitionKey, n: usize, b: usize| {
+            let e = held.entry(p.resource.object_count_name()).or_default();
+            e.0 += n;
+            e.1 += b;
+        };
+        self.counts.partition_stats().for_each(|(p, n, b)| add(p, n, b));
+        self.pods.partition_stats().for_each(|(p, n, b)| add(p, n, b));
+        self.services.partition_stats().for_each(|(p, n, b)| add(p, n, b));
+        self.pvcs.partition_stats().for_each(|(p, n, b)| add(p, n, b));
+        held
+    }
+
+    // ---- computing -------------------------------------------------------------------------
+
+    /// `syncResourceQuota` minus the write: the status to write and whether it is due.
+    /// `None` if the quota is unknown.
+    pub fn compute(&self, key: &QuotaKey, now: Time) -> Option<Computed> {
+        let entry = self.index.get(key)?;
+        let state = &entry.payload;
+        // Before the first discovery run only the static evaluators exist, as in upstream.
+        let fallback;
+        let registry = if let Some(registry) = self.registries.get(&key.cluster) {
+            registry
+        } else {
+            fallback = Registry::new(self.gates);
+            &fallback
+        };
+        let hard_keys: Vec<&str> = state.spec.hard_keys.iter().map(String::as_str).collect();
+        let plan = registry.plan(&hard_keys);
+        let mut scope_errors = Vec::new();
+        let results: Vec<(Evaluator, Option<ResourceList>)> = plan
+            .per_evaluator
+            .iter()
+            .map(|(evaluator, keys)| {
+                let need = entry.demands().get(&evaluator.group_resource()).copied();
+                let used = self.evaluate(
+                    key,
+                    need,
+                    evaluator,
+                    keys,
+                    &state.spec.scopes,
+                    now,
+                    &mut scope_errors,
+                );
+                (evaluator.clone(), used)
+            })
+            .collect();
+        let unsynced = results
+            .iter()
+            .filter(|(_, r)| r.is_none())
+            .map(|(e, _)| e.group_resource())
+            .collect::<Vec<_>>();
+        let used = plan.merge(&results);
+        let decision = assemble_status(
+            state.spec_hard.as_ref(),
+            state.status_hard.as_ref(),
+            state.status_used.as_ref(),
+            &used,
+        );
+        Some(Computed {
+            decision,
+            unsynced,
+            scope_errors,
+        })
+    }
+
+    /// One evaluator's usage in the quota's namespace, or `None` if it cannot be computed now
+    /// (its resource is not synced): its keys then keep their previous values.
+    #[allow(clippy::too_many_arguments)] // all of it is one evaluation's context
+    fn evaluate(
+        &self,
+        quota: &QuotaKey,
+        need: Option<Need>,
+        evaluator: &Evaluator,
+        keys: &[String],
+        scopes: &QuotaScopes,
+        now: Time,
+        scope_errors: &mut Vec<String>,
+    ) -> Option<ResourceList> {
+        let gates = self.gates;
+        let p = PartitionKey {
+            cluster: quota.cluster.clone(),
+            resource: evaluator.group_resource(),
+            namespace: quota.namespace.clone(),
+        };
+        let none: [&PodProjection; 0] = [];
+        match (need, evaluator) {
+            (_, Evaluator::ResourceClaims) => None,
+            // Nothing demanded: the scopes exclude every object, so the value is 0.
+            (None, Evaluator::ObjectCount(_)) => Some(calculate_object_count_usage(keys, scopes, 0)),
+            (None, _) => Some(calculate_usage(keys, scopes, none, now, gates).used),
+            (Some(Need::Count), _) => {
+                // Counted from whichever store holds the partition (a typed watch serves counts too).
+                let count = synced_len(&self.counts, &p)
+                    .or_else(|| synced_len(&self.pods, &p))
+                    .or_else(|| synced_len(&self.services, &p))
+                    .or_else(|| synced_len(&self.pvcs, &p))?;
+                Some(calculate_object_count_usage(keys, scopes, count as u64))
+            }
+            (Some(Need::Typed), Evaluator::Pods) => {
+                typed_usage(&self.pods, &p, keys, scopes, now, gates, scope_errors)
+            }
+            (Some(Need::Typed), Evaluator::Services) => {
+                typed_usage(&self.services, &p, keys, scopes, now, gates, scope_errors)
+            }
+            (Some(Need::Typed), Evaluator::PersistentVolumeClaims) => {
+                typed_usage(&self.pvcs, &p, keys, scopes, now, gates, scope_errors)
+            }
+            (Some(Need::Typed), Evaluator::ObjectCount(_)) => Some(calculate_object_count_usage(
+                keys,
+                scopes,
+                synced_len(&self.counts, &p)? as u64,
+            )),
+        }
+    }
+}
+
+/// A computed quota.
+#[derive(Debug)]
+pub struct Computed {
+    /// What to write.
+    pub decision: StatusDecision,
+    /// Resources whose evaluators could not compute (not synced): their keys kept their
+    /// previous values.
+    pub unsynced: Vec<GroupResource>,
+    /// Scope-matching errors (upstream returns the partial sum; so does lazyquota).
+    pub scope_errors: Vec<String>,
+}
+
+fn synced_len<P: HeapSize>(store: &UsageStore<P>, p: &PartitionKey) -> Option<usize> {
+    store
+        .partition(p)
+        .filter(|x| x.is_synced())
+        .map(|x| x.objects().len())
+}
+
+fn typed_usage<P: HeapSize + QuotaObject>(
+    store: &UsageStore<P>,
+    p: &PartitionKey,
+    keys: &[String],
+    scopes: &QuotaScopes,
+    now: Time,
+    gates: FeatureGates,
+    scope_errors: &mut Vec<String>,
+) -> Option<ResourceList> {
+    let partition = store.partition(p).filter(|x| x.is_synced())?;
+    let stats = calculate_usage(keys, scopes, partition.objects().values(), now, gates);
+    if let Some(error) = stats.scope_error {
+        // Upstream's CalculateUsageStats stops at the first object whose scope match fails
+        // and returns the partial sum with a nil error; the same partial sum is used here.
+        scope_errors.push(error.to_string());
+    }
+    Some(stats.used)
+}
+
+/// Value equality of two quantities (`Cmp`), string equality for unparsable ones.
+pub fn same_value(a: &K8sQuantity, b: &K8sQuantity) -> bool {
+    match (
+        lazyquota_quota::Quantity::parse_k8s(a),
+        lazyquota_quota::Quantity::parse_k8s(b),
+    ) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a.0 == b.0,
+    }
+}
+
+fn same_quantities(
+    a: Option<&BTreeMap<String, K8sQuantity>>,
+    b: Option<&BTreeMap<String, K8sQuantity>>,
+) -> bool {
+    let empty = BTreeMap::new();
+    let (a, b) = (a.unwrap_or(&empty), b.unwrap_or(&empty));
+    a.len() == b.len() && a.iter().all(|(k, v)| b.get(k).is_some_and(|w| same_value(v, w)))
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{ConfigMap, ResourceQuotaSpec};
+
+    use super::*;
+    use crate::keys::object_id;
+
+    fn quota(hard: &[(&str, &str)], used: Option<&[(&str, &str)]>) -> ResourceQuota {
+        let list = |kv: &[(&str, &str)]| {
+            kv.iter()
+                .map(|(k, v)| ((*k).to_owned(), K8sQuantity((*v).to_owned())))
+                .collect()
+        };
+        ResourceQuota {
+            spec: Some(ResourceQuotaSpec {
+                hard: Some(list(hard)),
+                ..ResourceQuotaSpec::default()
+            }),
+            status: used.map(|u| k8s_openapi::api::core::v1::ResourceQuotaStatus {
+                hard: Some(list(hard)),
+                used: Some(list(u)),
+            }),
+            ..ResourceQuota::default()
+        }
+    }
+
+    fn served(resource: &str) -> ServedResource {
+        ServedResource {
+            resource: GroupResource::core(resource),
+            version: "v1".into(),
+            kind: "Kind".into(),
+            namespaced: true,
+            verbs: ["create", "delete", "list", "watch"].map(String::from).to_vec(),
+        }
+    }
+
+    #[test]
+    fn unsynced_keys_keep_their_previous_value_and_synced_ones_are_computed() {
+        let _ = ConfigMap::default();
+        let cluster = ClusterName::new("c");
+        let mut engine = Engine::new(FeatureGates::default());
+        engine.discovered(&cluster, vec![served("configmaps"), served("secrets")], &[]);
+        let key = QuotaKey::new(&cluster, "ns", "q");
+        let q = quota(
+            &[
+                ("configmaps", "10"),
+                ("secrets", "10"),
+                ("limits.example.com/gpu", "1"),
+            ],
+            Some(&[("secrets", "7")]),
+        );
+        let update = engine.apply_quota(key.clone(), &q);
+        assert!(update.recompute);
+        assert_eq!(update.changes.len(), 2, "configmaps and secrets demanded");
+        let cm = PartitionKey {
+            cluster: cluster.clone(),
+            resource: GroupResource::core("configmaps"),
+            namespace: "ns".into(),
+        };
+        engine.hold(StoreKind::Counts, cm.clone());
+        engine.begin_relist(StoreKind::Counts, &cm);
+        for name in ["a", "b", "c"] {
+            assert_eq!(
+                engine.relist_apply(StoreKind::Counts, &cm, object_id(name), Projected::Meta),
+                None
+            );
+        }
+        engine.finish_relist(StoreKind::Counts, &cm);
+        let computed = engine
+            .compute(&key, Time::from_unix_seconds(0))
+            .expect("known quota");
+        let used = computed.decision.used;
+        assert_eq!(used.get("configmaps").map(|q| q.0.as_str()), Some("3"));
+        assert_eq!(
+            used.get("secrets").map(|q| q.0.as_str()),
+            Some("7"),
+            "secrets are not synced: previous value"
+        );
+        assert!(
+            !used.contains_key("limits.example.com/gpu"),
+            "unmatched keys stay absent"
+        );
+        assert_eq!(computed.unsynced, vec![GroupResource::core("secrets")]);
+        assert!(computed.decision.dirty);
+
+        assert_eq!(
+            engine.delete(StoreKind::Counts, &cm, object_id("a")),
+            Applied::Replenish
+        );
+        assert_eq!(
+            engine.delete(StoreKind::Counts, &cm, object_id("a")),
+            Applied::NotHeld,
+            "deleted once only"
+        );
+        let used = engine
+            .compute(&key, Time::from_unix_seconds(0))
+            .unwrap()
+            .decision
+            .used;
+        assert_eq!(used.get("configmaps").map(|q| q.0.as_str()), Some("2"));
+    }
+
+    #[test]
+    fn status_only_updates_do_not_recompute_but_spec_and_scope_changes_do() {
+        let cluster = ClusterName::new("c");
+        let mut engine = Engine::new(FeatureGates::default());
+        let key = QuotaKey::new(&cluster, "ns", "q");
+        assert!(
+            engine
+                .apply_quota(key.clone(), &quota(&[("pods", "1")], None))
+                .recompute
+        );
+        assert!(
+            !engine
+                .apply_quota(key.clone(), &quota(&[("pods", "1")], Some(&[("pods", "0")])))
+                .recompute
+        );
+        assert!(
+            !engine
+                .apply_quota(key.clone(), &quota(&[("pods", "1000m")], Some(&[("pods", "0")])))
+                .recompute,
+            "same value"
+        );
+        assert!(
+            engine
+                .apply_quota(key.clone(), &quota(&[("pods", "2")], Some(&[("pods", "0")])))
+                .recompute
+        );
+        let mut scoped = quota(&[("pods", "2")], Some(&[("pods", "0")]));
+        scoped.spec.as_mut().unwrap().scopes = Some(vec!["BestEffort".into()]);
+        assert!(engine.apply_quota(key, &scoped).recompute);
+    }
+}
