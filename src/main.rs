@@ -5,7 +5,11 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use lazyquota_index::keys::ClusterName;
-use lazyquota_kube::controller::{Config, Controller, Mode};
+use lazyquota_kube::{
+    controller::{Config, Controller, Mode},
+    report,
+};
+use lazyquota_quota::FeatureGates;
 use tracing::info;
 
 /// A Kubernetes ResourceQuota controller that watches a resource type only while some
@@ -21,6 +25,42 @@ struct Cli {
 enum Command {
     /// Run the controller.
     Run(RunArgs),
+    /// Compute what status.used should be, from a direct list (no writes), and show where the
+    /// stored value differs.
+    Usage(UsageArgs),
+    /// Show which resource types lazyquota watches for the cluster's quotas, in which scope,
+    /// for which quotas and keys; which names are pending and why.
+    Explain(ExplainArgs),
+}
+
+#[derive(Args)]
+struct UsageArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// Only quotas in this namespace (default: all namespaces).
+    #[arg(short, long)]
+    namespace: Option<String>,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Output::Table)]
+    output: Output,
+}
+
+#[derive(Args)]
+struct ExplainArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// The controller's --namespace-watch-threshold, to show each watch's scope.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    namespace_watch_threshold: usize,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Output::Table)]
+    output: Output,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Output {
+    Table,
+    Json,
 }
 
 /// Where the cluster is.
@@ -114,16 +154,33 @@ fn main() -> ExitCode {
     match runtime.block_on(dispatch(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            // One clear line: the error and its causes, no backtrace.
-            eprintln!("lazyquota: {error:#}");
+            eprintln!("lazyquota: {}", one_line(&error));
             ExitCode::FAILURE
         }
     }
 }
 
+/// The error and its causes on one line, no backtrace. Many errors already include their
+/// source in their message; a cause whose text the line already holds is not repeated.
+fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+    }
+    line.replace('\n', " ")
+}
+
 async fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run(args) => run(args).await,
+        Command::Usage(args) => usage(args).await,
+        Command::Explain(args) => explain(args).await,
     }
 }
 
@@ -191,4 +248,119 @@ async fn shutdown_signal() {
         Some(()) = async { match term.as_mut() { Some(t) => t.recv().await, None => std::future::pending().await } } => {}
     }
     info!("shutdown signal received");
+}
+
+async fn usage(args: UsageArgs) -> anyhow::Result<()> {
+    let UsageArgs {
+        cluster: ClusterArgs { kubeconfig, context },
+        namespace,
+        output,
+    } = args;
+    let client = lazyquota_kube::client::connect(kubeconfig.as_deref(), context.as_deref()).await?;
+    let report = report::usage(&client, namespace.as_deref(), FeatureGates::default()).await?;
+    if output == Output::Json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    let mut rows = vec![
+        ["NAMESPACE", "QUOTA", "KEY", "HARD", "USED", "STORED", ""]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for quota in &report {
+        for key in &quota.keys {
+            rows.push(vec![
+                quota.namespace.clone(),
+                quota.name.clone(),
+                key.key.clone(),
+                key.hard.clone(),
+                key.computed.clone().unwrap_or_else(|| "-".into()),
+                key.stored.clone().unwrap_or_else(|| "-".into()),
+                if key.differs {
+                    "differs".into()
+                } else {
+                    String::new()
+                },
+            ]);
+        }
+    }
+    print_table(&rows);
+    Ok(())
+}
+
+async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
+    let ExplainArgs {
+        cluster: ClusterArgs { kubeconfig, context },
+        namespace_watch_threshold,
+        output,
+    } = args;
+    let client = lazyquota_kube::client::connect(kubeconfig.as_deref(), context.as_deref()).await?;
+    let report = report::explain(&client, namespace_watch_threshold, FeatureGates::default()).await?;
+    if output == Output::Json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "cluster {}: {} resource type(s) demanded",
+        report.cluster,
+        report.resources.len()
+    );
+    let mut rows = vec![
+        [
+            "RESOURCE",
+            "VERSION",
+            "WATCH",
+            "SCOPE",
+            "NAMESPACES",
+            "QUOTAS: KEYS",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    for r in &report.resources {
+        rows.push(vec![
+            r.resource.clone(),
+            r.version.clone().unwrap_or_else(|| "pending".into()),
+            r.watch.into(),
+            r.scope.into(),
+            r.namespaces.join(","),
+            r.quotas.join("; "),
+        ]);
+    }
+    print_table(&rows);
+    for r in report.resources.iter().filter(|r| r.pending.is_some()) {
+        println!(
+            "pending {}: {}",
+            r.resource,
+            r.pending.as_deref().unwrap_or_default()
+        );
+    }
+    for key in &report.always_zero {
+        println!("always 0 under its scopes (nothing watched): {key}");
+    }
+    for key in &report.never_computed {
+        println!("never computed (no evaluator; stays as stored): {key}");
+    }
+    Ok(())
+}
+
+fn print_table(rows: &[Vec<String>]) {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(String::len)
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for row in rows {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        println!("{}", line.join("  ").trim_end());
+    }
 }

@@ -16,7 +16,7 @@ use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     future::Future,
     sync::Arc,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use futures::{
@@ -42,12 +42,13 @@ use lazyquota_index::{
     resolver::ResolverChange,
     store::PartitionKey,
 };
-use lazyquota_quota::{FeatureGates, Interner, StatusDecision, Time};
+use lazyquota_quota::{FeatureGates, Interner, StatusDecision};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
 use crate::{
     discovery::{Discovered, discover},
+    now,
     watch::{ObjectEvent, WatchItem, WatchKey, WatchOptions},
 };
 
@@ -866,13 +867,6 @@ fn report_spec_problems(key: &QuotaKey, problems: &[lazyquota_quota::SpecProblem
     for problem in problems {
         warn!(quota = %key, %problem, "quota spec problem; other keys and quotas are unaffected");
     }
-}
-
-fn now() -> Time {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    Time::from_unix_nanos(i128::try_from(nanos).unwrap_or(i128::MAX))
 }
 
 fn far_future() -> tokio::time::Instant {

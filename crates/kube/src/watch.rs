@@ -170,17 +170,7 @@ fn metadata(
     namespace: Option<&str>,
     config: watcher::Config,
 ) -> BoxStream<'static, WatchItem> {
-    let resource = ApiResource {
-        group: served.resource.group.clone(),
-        version: served.version.clone(),
-        api_version: if served.resource.group.is_empty() {
-            served.version.clone()
-        } else {
-            format!("{}/{}", served.resource.group, served.version)
-        },
-        kind: served.kind.clone(),
-        plural: served.resource.resource.clone(),
-    };
+    let resource = api_resource(served);
     let api: Api<PartialObjectMeta<DynamicObject>> = match namespace {
         Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
         None => Api::all_with(client.clone(), &resource),
@@ -188,6 +178,22 @@ fn metadata(
     events(watcher(api, config).default_backoff().boxed(), |_| {
         Projected::Meta
     })
+}
+
+/// The dynamic type of a served resource.
+pub fn api_resource(served: &ServedResource) -> ApiResource {
+    let (group, version) = (&served.resource.group, &served.version);
+    ApiResource {
+        group: group.clone(),
+        version: version.clone(),
+        api_version: if group.is_empty() {
+            version.clone()
+        } else {
+            format!("{group}/{version}")
+        },
+        kind: served.kind.clone(),
+        plural: served.resource.resource.clone(),
+    }
 }
 
 fn events<K: Resource + Send + 'static>(

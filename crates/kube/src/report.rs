@@ -1,0 +1,402 @@
+//! One-shot reports over the live cluster, computed with the same [`Engine`] the controller
+//! runs, from direct lists instead of watches:
+//!
+//! - [`usage`]: what `status.used` should be for each quota, and where the stored value differs.
+//! - [`explain`]: which resource types lazyquota watches, in which scope, for which quotas and
+//!   keys; which names are pending and why; which keys are never computed.
+
+use std::collections::BTreeMap;
+
+use futures::future::try_join_all;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, ResourceQuota, Service};
+use kube::{
+    Api, Client, Resource, ResourceExt as _,
+    api::{DynamicObject, ListParams, ObjectList, PartialObjectMeta},
+};
+use lazyquota_index::{
+    demand::{needs, replenished_by},
+    engine::{Engine, Projected, same_value, store_kind},
+    keys::{ClusterName, GroupResource, Need, QuotaKey, object_id},
+    resolver::ServedResource,
+    store::PartitionKey,
+};
+use lazyquota_quota::{FeatureGates, Interner, PodProjection, PvcProjection, ServiceProjection};
+
+use crate::now;
+use serde::{Serialize, de::DeserializeOwned};
+
+use crate::discovery::{Discovered, discover};
+
+/// What went wrong in a report.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Discovery failed.
+    #[error("discovery: {0}")]
+    Discovery(#[source] kube::Error),
+    /// Listing something failed.
+    #[error("listing {what}: {source}")]
+    List {
+        /// What was listed.
+        what: String,
+        /// Why it failed.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// One key of a quota in the usage report.
+#[derive(Debug, Serialize)]
+pub struct KeyUsage {
+    /// The hard key.
+    pub key: String,
+    /// `spec.hard[key]`.
+    pub hard: String,
+    /// What `status.used[key]` should be (`None`: never computed, stays as stored).
+    pub computed: Option<String>,
+    /// What `status.used[key]` holds now.
+    pub stored: Option<String>,
+    /// Whether stored and computed differ by value (or by presence).
+    pub differs: bool,
+}
+
+/// One quota in the usage report.
+#[derive(Debug, Serialize)]
+pub struct QuotaUsage {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Its keys.
+    pub keys: Vec<KeyUsage>,
+}
+
+/// Computes every quota's `status.used` (in `namespace`, or all) from direct lists.
+pub async fn usage(
+    client: &Client,
+    namespace: Option<&str>,
+    gates: FeatureGates,
+) -> Result<Vec<QuotaUsage>, Error> {
+    let cluster = ClusterName::new("default");
+    let (engine, quotas) = load(client, &cluster, namespace, gates).await?;
+    let now = now();
+    let mut report = Vec::new();
+    for quota in &quotas {
+        let key = QuotaKey::new(
+            &cluster,
+            &quota.namespace().unwrap_or_default(),
+            &quota.name_any(),
+        );
+        let Some(computed) = engine.compute(&key, now) else {
+            continue;
+        };
+        let stored = quota
+            .status
+            .as_ref()
+            .and_then(|s| s.used.clone())
+            .unwrap_or_default();
+        let hard = quota
+            .spec
+            .as_ref()
+            .and_then(|s| s.hard.clone())
+            .unwrap_or_default();
+        let keys = hard
+            .iter()
+            .map(|(name, limit)| {
+                let ours = computed.decision.used.get(name);
+                let theirs = stored.get(name);
+                let differs = match (ours, theirs) {
+                    (Some(a), Some(b)) => !same_value(a, b),
+                    (a, b) => a.is_some() != b.is_some(),
+                };
+                KeyUsage {
+                    key: name.clone(),
+                    hard: limit.0.clone(),
+                    computed: ours.map(|q| q.0.clone()),
+                    stored: theirs.map(|q| q.0.clone()),
+                    differs,
+                }
+            })
+            .collect();
+        report.push(QuotaUsage {
+            namespace: key.namespace.to_string(),
+            name: key.name.to_string(),
+            keys,
+        });
+    }
+    Ok(report)
+}
+
+/// One resource type in the explain report.
+#[derive(Debug, Serialize)]
+pub struct WatchedResource {
+    /// `count/<resource>.<group>` form of the resource.
+    pub resource: String,
+    /// The version watched, if served.
+    pub version: Option<String>,
+    /// `metadata` (counts only) or `typed` (projection of pods, services, PVCs).
+    pub watch: &'static str,
+    /// `namespaced` (one watch per namespace) or `cluster-wide` (filtered at ingest).
+    pub scope: &'static str,
+    /// Namespaces that demand it.
+    pub namespaces: Vec<String>,
+    /// Demanding quotas, as `namespace/name: key, key`.
+    pub quotas: Vec<String>,
+    /// Why it is not watched, when it is pending.
+    pub pending: Option<String>,
+}
+
+/// The explain report.
+#[derive(Debug, Serialize)]
+pub struct Explain {
+    /// The cluster.
+    pub cluster: String,
+    /// Resource types demanded by some quota.
+    pub resources: Vec<WatchedResource>,
+    /// Keys that no evaluator computes (they stay as stored, normally absent): `namespace/quota: key`.
+    pub never_computed: Vec<String>,
+    /// Keys always `0` under their quota's scopes (nothing watched for them).
+    pub always_zero: Vec<String>,
+}
+
+/// What lazyquota (lazy mode, with `threshold`) watches for the cluster's quotas now, and why.
+pub async fn explain(client: &Client, threshold: usize, gates: FeatureGates) -> Result<Explain, Error> {
+    let cluster = ClusterName::new("default");
+    let discovered = discover(client).await.map_err(Error::Discovery)?;
+    let served_all: BTreeMap<GroupResource, ServedResource> = discovered
+        .served
+        .iter()
+        .map(|s| (s.resource.clone(), s.clone()))
+        .collect();
+    let (engine, quotas) = load_with(client, &cluster, None, gates, discovered, false).await?;
+    let mut resources = Vec::new();
+    let demanded: Vec<(ClusterName, GroupResource)> = engine.index.demanded().cloned().collect();
+    for (c, resource) in demanded {
+        let demand = engine.index.demand_of(&c, &resource);
+        let need = demand.values().copied().max().unwrap_or(Need::Count);
+        let served = engine.resolver.get(&c, &resource);
+        let pending = served.is_none().then(|| match served_all.get(&resource) {
+            None => "not served by the apiserver (yet): its watch starts when discovery sees it".to_owned(),
+            Some(s) if !s.namespaced => "cluster-scoped: quota counts only namespaced resources".to_owned(),
+            Some(s) if !s.quotable() => format!(
+                "not quotable: verbs {:?} lack one of create, list, watch, delete, or upstream ignores it",
+                s.verbs
+            ),
+            Some(_) => "not quotable".to_owned(),
+        });
+        let mut demanding = Vec::new();
+        for (key, entry) in engine.index.quotas() {
+            if key.cluster != c || !entry.demands().contains_key(&resource) {
+                continue;
+            }
+            let keys: Vec<&str> = entry
+                .payload
+                .spec
+                .hard_keys
+                .iter()
+                .filter(|k| {
+                    needs(k, &entry.payload.spec.scopes, gates)
+                        .iter()
+                        .any(|(r, _)| r == &resource)
+                })
+                .map(String::as_str)
+                .collect();
+            demanding.push(format!("{}/{}: {}", key.namespace, key.name, keys.join(", ")));
+        }
+        demanding.sort();
+        resources.push(WatchedResource {
+            resource: resource.object_count_name(),
+            version: served.map(|s| s.version.clone()),
+            watch: match need {
+                Need::Count => "metadata",
+                Need::Typed => "typed",
+            },
+            scope: if demand.len() > threshold {
+                "cluster-wide"
+            } else {
+                "namespaced"
+            },
+            namespaces: demand.keys().map(ToString::to_string).collect(),
+            quotas: demanding,
+            pending,
+        });
+    }
+    let mut never_computed = Vec::new();
+    let mut always_zero = Vec::new();
+    for quota in &quotas {
+        let (Some(spec), ns, name) = (
+            quota.spec.as_ref(),
+            quota.namespace().unwrap_or_default(),
+            quota.name_any(),
+        ) else {
+            continue;
+        };
+        let parsed = lazyquota_quota::QuotaSpec::from_resource_quota(quota);
+        for key in spec.hard.iter().flat_map(|h| h.keys()) {
+            if replenished_by(key, gates).is_empty() {
+                never_computed.push(format!("{ns}/{name}: {key}"));
+            } else if needs(key, &parsed.scopes, gates).is_empty() {
+                always_zero.push(format!("{ns}/{name}: {key}"));
+            }
+        }
+    }
+    Ok(Explain {
+        cluster: cluster.to_string(),
+        resources,
+        never_computed,
+        always_zero,
+    })
+}
+
+async fn load(
+    client: &Client,
+    cluster: &ClusterName,
+    namespace: Option<&str>,
+    gates: FeatureGates,
+) -> Result<(Engine, Vec<ResourceQuota>), Error> {
+    let discovered = discover(client).await.map_err(Error::Discovery)?;
+    load_with(client, cluster, namespace, gates, discovered, true).await
+}
+
+/// Builds an engine from the cluster's quotas and, if `fill`, the objects they demand.
+async fn load_with(
+    client: &Client,
+    cluster: &ClusterName,
+    namespace: Option<&str>,
+    gates: FeatureGates,
+    discovered: Discovered,
+    fill: bool,
+) -> Result<(Engine, Vec<ResourceQuota>), Error> {
+    let mut engine = Engine::new(gates);
+    engine.discovered(cluster, discovered.served, &discovered.failed_groups);
+    let api: Api<ResourceQuota> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let quotas = list_all(&api).await.map_err(|source| Error::List {
+        what: "resourcequotas".into(),
+        source,
+    })?;
+    for quota in &quotas {
+        let key = QuotaKey::new(cluster, &quota.namespace().unwrap_or_default(), &quota.name_any());
+        engine.apply_quota(key, quota);
+    }
+    if !fill {
+        return Ok((engine, quotas));
+    }
+    let interner = Interner::new();
+    let demanded: Vec<(ClusterName, GroupResource)> = engine.index.demanded().cloned().collect();
+    for (c, resource) in demanded {
+        let Some(served) = engine.resolver.get(&c, &resource).cloned() else {
+            continue;
+        };
+        let demand = engine.index.demand_of(&c, &resource);
+        let need = demand.values().copied().max().unwrap_or(Need::Count);
+        let kind = store_kind(&resource, need);
+        let lists = demand
+            .keys()
+            .map(|ns| list_projected(client, &served, ns, need, gates, &interner));
+        let lists = try_join_all(lists).await.map_err(|source| Error::List {
+            what: resource.object_count_name(),
+            source,
+        })?;
+        for (ns, objects) in demand.keys().zip(lists) {
+            let p = PartitionKey {
+                cluster: c.clone(),
+                resource: resource.clone(),
+                namespace: ns.clone(),
+            };
+            engine.hold(kind, p.clone());
+            engine.begin_relist(kind, &p);
+            for (name, object) in objects {
+                engine.relist_apply(kind, &p, object_id(&name), object);
+            }
+            engine.finish_relist(kind, &p);
+        }
+    }
+    Ok((engine, quotas))
+}
+
+async fn list_all<K>(api: &Api<K>) -> kube::Result<Vec<K>>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let mut out = Vec::new();
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page: ObjectList<K> = api.list(&params).await?;
+        out.extend(page.items);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(out),
+        }
+    }
+}
+
+async fn list_projected(
+    client: &Client,
+    served: &ServedResource,
+    namespace: &str,
+    need: Need,
+    gates: FeatureGates,
+    interner: &Interner,
+) -> kube::Result<Vec<(String, Projected)>> {
+    let project_all = |names: Vec<(String, Projected)>| Ok(names);
+    match (
+        need,
+        served.resource.group.as_str(),
+        served.resource.resource.as_str(),
+    ) {
+        (Need::Typed, "", "pods") => project_all(
+            list_all(&Api::<Pod>::namespaced(client.clone(), namespace))
+                .await?
+                .iter()
+                .map(|p| {
+                    let projected = PodProjection::from_pod(p, gates, interner)
+                        .map_or_else(|e| Projected::Malformed(e.to_string()), Projected::Pod);
+                    (p.name_any(), projected)
+                })
+                .collect(),
+        ),
+        (Need::Typed, "", "services") => project_all(
+            list_all(&Api::<Service>::namespaced(client.clone(), namespace))
+                .await?
+                .iter()
+                .map(|s| {
+                    (
+                        s.name_any(),
+                        Projected::Service(ServiceProjection::from_service(s)),
+                    )
+                })
+                .collect(),
+        ),
+        (Need::Typed, "", "persistentvolumeclaims") => project_all(
+            list_all(&Api::<PersistentVolumeClaim>::namespaced(
+                client.clone(),
+                namespace,
+            ))
+            .await?
+            .iter()
+            .map(|c| {
+                let projected = PvcProjection::from_pvc(c, interner)
+                    .map_or_else(|e| Projected::Malformed(e.to_string()), Projected::Pvc);
+                (c.name_any(), projected)
+            })
+            .collect(),
+        ),
+        _ => {
+            let resource = crate::watch::api_resource(served);
+            let api: Api<PartialObjectMeta<DynamicObject>> =
+                Api::namespaced_with(client.clone(), namespace, &resource);
+            let mut out = Vec::new();
+            let mut params = ListParams::default().limit(500);
+            loop {
+                let page = api.list_metadata(&params).await?;
+                out.extend(page.items.iter().map(|o| (o.name_any(), Projected::Meta)));
+                match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                    Some(token) => params = params.continue_token(&token),
+                    None => return Ok(out),
+                }
+            }
+        }
+    }
+}

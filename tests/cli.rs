@@ -1,0 +1,186 @@
+//! The `lazyquota` binary as a user runs it: `usage` and `explain` against the real control
+//! plane, and one clear error line with a non-zero exit for bad input.
+
+use std::{path::Path, process::Command};
+
+use k8s_openapi::{
+    api::core::v1::{ConfigMap, ResourceQuota, ResourceQuotaSpec},
+    apimachinery::pkg::api::resource::Quantity,
+};
+use kube::api::{ObjectMeta, PostParams};
+use lazyquota_testenv::{ControlPlane, Flavor, TestNamespace};
+
+fn lazyquota(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_lazyquota"))
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("run lazyquota")
+}
+
+fn kubeconfig() -> String {
+    ControlPlane::get(Flavor::LazyquotaOnly)
+        .kubeconfig()
+        .display()
+        .to_string()
+}
+
+#[tokio::test]
+async fn usage_and_explain_report_a_quota_from_direct_lists() {
+    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "cli")
+        .await
+        .expect("namespace");
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("one".into()),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    };
+    ns.api::<ConfigMap>()
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("configmap");
+    let hard = [
+        ("count/configmaps", "9"),
+        ("limits.example.com/gpu", "1"),
+        ("count/nothings.example.io", "1"),
+    ];
+    let quota = ResourceQuota {
+        metadata: ObjectMeta {
+            name: Some("q".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ResourceQuotaSpec {
+            hard: Some(
+                hard.iter()
+                    .map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned())))
+                    .collect(),
+            ),
+            ..ResourceQuotaSpec::default()
+        }),
+        ..ResourceQuota::default()
+    };
+    ns.api::<ResourceQuota>()
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("quota");
+    let kubeconfig = kubeconfig();
+
+    let out = lazyquota(&[
+        "usage",
+        "--kubeconfig",
+        &kubeconfig,
+        "-n",
+        ns.name(),
+        "-o",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("usage -o json is JSON");
+    let keys = &report[0]["keys"];
+    let key = |name: &str| {
+        keys.as_array()
+            .unwrap()
+            .iter()
+            .find(|k| k["key"] == name)
+            .cloned()
+            .unwrap()
+    };
+    // The namespace holds the root CA ConfigMap and ours.
+    assert_eq!(key("count/configmaps")["computed"], "2");
+    assert_eq!(
+        key("limits.example.com/gpu")["computed"],
+        serde_json::Value::Null,
+        "never computed"
+    );
+    assert_eq!(
+        key("count/nothings.example.io")["computed"],
+        serde_json::Value::Null,
+        "not served"
+    );
+
+    let out = lazyquota(&["explain", "--kubeconfig", &kubeconfig, "-o", "json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let explain: serde_json::Value = serde_json::from_slice(&out.stdout).expect("explain -o json is JSON");
+    let resources = explain["resources"].as_array().expect("resources");
+    let pending = resources
+        .iter()
+        .find(|r| r["resource"] == "count/nothings.example.io")
+        .expect("pending resource listed");
+    assert!(pending["pending"].as_str().unwrap().contains("not served"));
+    let configmaps = resources
+        .iter()
+        .find(|r| r["resource"] == "count/configmaps")
+        .expect("configmaps listed");
+    assert_eq!(configmaps["watch"], "metadata");
+    assert!(
+        configmaps["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n == ns.name())
+    );
+    let never = format!("{}/q: limits.example.com/gpu", ns.name());
+    assert!(
+        explain["never_computed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|k| k == never.as_str())
+    );
+
+    let table = lazyquota(&["explain", "--kubeconfig", &kubeconfig]);
+    assert!(String::from_utf8_lossy(&table.stdout).contains("RESOURCE"));
+    ns.delete().await.expect("delete namespace");
+}
+
+fn assert_one_line_error(out: &std::process::Output, needle: &str) {
+    assert!(!out.status.success(), "must fail");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(needle),
+        "stderr {stderr:?} should mention {needle:?}"
+    );
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("stack backtrace"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bad_input_gives_one_clear_error_line_and_a_non_zero_exit() {
+    let missing = lazyquota(&["usage", "--kubeconfig", "/nonexistent/kubeconfig"]);
+    assert_one_line_error(&missing, "cannot read kubeconfig /nonexistent/kubeconfig");
+    assert_eq!(String::from_utf8_lossy(&missing.stderr).trim().lines().count(), 1);
+
+    let dir = std::env::temp_dir().join(lazyquota_testenv::unique_name("cli"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let garbage = dir.join("kubeconfig");
+    std::fs::write(&garbage, "this: [is not a kubeconfig").unwrap();
+    let garbled = lazyquota(&["explain", "--kubeconfig", garbage.to_str().unwrap()]);
+    assert_one_line_error(&garbled, "cannot read kubeconfig");
+
+    // A kubeconfig pointing at a loopback port nobody listens on.
+    let unreachable = dir.join("unreachable");
+    std::fs::write(
+        &unreachable,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n\
+         users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n",
+    )
+    .unwrap();
+    let refused = lazyquota(&["usage", "--kubeconfig", unreachable.to_str().unwrap()]);
+    assert_one_line_error(&refused, "Connection refused");
+
+    let flag = lazyquota(&["run", "--resync-period", "5x"]);
+    assert_one_line_error(&flag, "unknown unit");
+    assert_eq!(flag.status.code(), Some(2), "clap's usage error code");
+    let context = lazyquota(&[
+        "usage",
+        "--kubeconfig",
+        Path::new(&kubeconfig()).to_str().unwrap(),
+        "--context",
+        "nope",
+    ]);
+    assert_one_line_error(&context, "context \"nope\"");
+}
