@@ -31,6 +31,8 @@ rm -rf .lazyquota/testenv-kcm-quota .lazyquota/testenv-lazyquota-only
 
 phase "format check" cargo fmt --all -- --check
 phase "control plane build" bash tests/control-plane/build.sh >/dev/null
+phase "helm build" bash tests/helm/build.sh >/dev/null
+phase "helm lint/template" bash tests/helm/check.sh
 phase "clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 phase "build tests" cargo test --workspace --locked --no-run
 phase "tests" cargo test --workspace --locked
