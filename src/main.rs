@@ -1,15 +1,20 @@
 //! The `lazyquota` binary: CLI and wiring. The work happens in the library crates.
 
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+mod server;
+
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use lazyquota_index::keys::ClusterName;
 use lazyquota_kube::{
     controller::{Config, Controller, Mode},
+    lease::{LeaseLock, Timing},
+    metrics::Metrics,
     report,
 };
 use lazyquota_quota::FeatureGates;
+use tokio::sync::watch;
 use tracing::info;
 
 /// A Kubernetes ResourceQuota controller that watches a resource type only while some
@@ -101,9 +106,41 @@ struct RunArgs {
     /// Streaming lists (sendInitialEvents): probe the server once (auto), or force.
     #[arg(long, value_enum, default_value_t = StreamingLists::Auto)]
     streaming_lists: StreamingLists,
+    /// Where to serve /metrics, /healthz and /readyz.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9090")]
+    metrics_addr: SocketAddr,
+    #[command(flatten)]
+    leader: LeaderArgs,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+}
+
+/// Leader election on a coordination.k8s.io Lease (KCM's --leader-elect-* flags).
+#[derive(Args)]
+#[allow(clippy::struct_field_names)] // the fields are the flags' names, which mirror KCM's
+struct LeaderArgs {
+    /// Run as one of several replicas: only the Lease holder computes and writes.
+    #[arg(long)]
+    leader_elect: bool,
+    /// Namespace of the Lease (default: $POD_NAMESPACE, else "default").
+    #[arg(long, env = "POD_NAMESPACE", value_name = "NS", default_value = "default")]
+    leader_election_namespace: String,
+    /// Name of the Lease.
+    #[arg(long, value_name = "NAME", default_value = "lazyquota")]
+    leader_election_lease_name: String,
+    /// This replica's identity in the Lease (default: $POD_NAME, else the host name).
+    #[arg(long, env = "POD_NAME", value_name = "ID")]
+    leader_election_identity: Option<String>,
+    /// How long a standby waits on an unchanged Lease before taking over.
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_duration)]
+    leader_election_lease_duration: Duration,
+    /// How long the leader tries to renew before giving up leadership (and exiting).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    leader_election_renew_deadline: Duration,
+    /// How often candidates retry and the leader renews.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    leader_election_retry_period: Duration,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -124,9 +161,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 30s, 5m or 1h"))?;
+    let number: u64 = number.parse().map_err(|_| format!("{text:?} is not a duration like 30s, 5m or 1h"))?;
     match unit {
         "" | "s" => Ok(Duration::from_secs(number)),
         "ms" => Ok(Duration::from_millis(number)),
@@ -141,6 +176,10 @@ enum LogFormat {
     Text,
     Json,
 }
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -187,9 +226,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
 fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -206,18 +243,23 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         namespace_watch_threshold,
         discovery_poll,
         streaming_lists,
+        metrics_addr,
+        leader,
         log_format,
     } = args;
     init_tracing(log_format);
     let client = lazyquota_kube::client::connect(kubeconfig.as_deref(), context.as_deref()).await?;
-    let version = client
-        .apiserver_version()
-        .await
-        .context("cannot reach the kube-apiserver")?;
+    let version = client.apiserver_version().await.context("cannot reach the kube-apiserver")?;
     info!(version = %version.git_version, "connected");
 
+    let identity = match &leader.leader_election_identity {
+        Some(id) => id.clone(),
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map_or_else(|_| "lazyquota".into(), |h| h.trim().to_owned()),
+    };
     let config = Config {
         cluster: ClusterName::new(context.as_deref().unwrap_or("default")),
+        instance: identity.clone(),
         mode: match mode {
             ModeArg::Lazy => Mode::Lazy,
             ModeArg::Eager => Mode::Eager,
@@ -234,10 +276,84 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         },
         ..Config::default()
     };
-    let (controller, _snapshots) = Controller::new(client, config);
-    controller.run(shutdown_signal()).await?;
+
+    // One shutdown signal for everything: SIGTERM or SIGINT.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    };
+
+    let metrics = Metrics::new();
+    let (controller_tx, controller_rx) = watch::channel(None);
+    let (standby_tx, standby_rx) = watch::channel(!leader.leader_elect);
+    let admin = server::Admin::new(metrics.clone(), controller_rx, standby_rx);
+    let listener = tokio::net::TcpListener::bind(metrics_addr)
+        .await
+        .with_context(|| format!("cannot listen on --metrics-addr {metrics_addr}"))?;
+    let server = tokio::spawn(server::serve(listener, admin, stopped()));
+
+    let result = if leader.leader_elect {
+        let timing = Timing {
+            lease_duration: leader.leader_election_lease_duration,
+            renew_deadline: leader.leader_election_renew_deadline,
+            retry_period: leader.leader_election_retry_period,
+        };
+        let namespace = &leader.leader_election_namespace;
+        let name = &leader.leader_election_lease_name;
+        let lock = LeaseLock::new(client.clone(), namespace, name, &identity, timing);
+        info!(%identity, lease = %name, %namespace, "waiting for the leader lease");
+        run_leader_elected(client, config, metrics, lock, &controller_tx, &standby_tx, stopped).await
+    } else {
+        metrics.leader.set(1);
+        let (controller, handle) = Controller::new(client, config, metrics);
+        controller_tx.send_replace(Some(handle));
+        controller.run(stopped()).await.map_err(anyhow::Error::from)
+    };
+    server.abort();
     info!("stopped");
-    Ok(())
+    result
+}
+
+/// Waits for the Lease, then runs the controller while holding it. Losing the Lease ends
+/// the process with an error (Kubernetes restarts it as a standby): no write happens after.
+async fn run_leader_elected<F, Fut>(
+    client: kube::Client,
+    config: Config,
+    metrics: Metrics,
+    mut lock: LeaseLock,
+    controller_tx: &watch::Sender<Option<lazyquota_kube::controller::SnapshotHandle>>,
+    standby_tx: &watch::Sender<bool>,
+    stopped: F,
+) -> anyhow::Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    metrics.leader.set(0);
+    tokio::select! {
+        () = lock.acquire(standby_tx) => {}
+        () = stopped() => return Ok(()),
+    }
+    metrics.leader.set(1);
+    let (controller, handle) = Controller::new(client, config, metrics.clone());
+    controller_tx.send_replace(Some(handle));
+    let outcome = tokio::select! {
+        result = controller.run(stopped()) => result.map_err(anyhow::Error::from),
+        lost = lock.hold() => {
+            metrics.leader.set(0);
+            return Err(anyhow::Error::from(lost));
+        }
+    };
+    lock.release().await;
+    metrics.leader.set(0);
+    outcome
 }
 
 /// Completes on SIGTERM or SIGINT.
@@ -251,22 +367,15 @@ async fn shutdown_signal() {
 }
 
 async fn usage(args: UsageArgs) -> anyhow::Result<()> {
-    let UsageArgs {
-        cluster: ClusterArgs { kubeconfig, context },
-        namespace,
-        output,
-    } = args;
+    let UsageArgs { cluster: ClusterArgs { kubeconfig, context }, namespace, output } = args;
     let client = lazyquota_kube::client::connect(kubeconfig.as_deref(), context.as_deref()).await?;
     let report = report::usage(&client, namespace.as_deref(), FeatureGates::default()).await?;
     if output == Output::Json {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
-    let mut rows = vec![
-        ["NAMESPACE", "QUOTA", "KEY", "HARD", "USED", "STORED", ""]
-            .map(String::from)
-            .to_vec(),
-    ];
+    let mut rows =
+        vec![["NAMESPACE", "QUOTA", "KEY", "HARD", "USED", "STORED", ""].map(String::from).to_vec()];
     for quota in &report {
         for key in &quota.keys {
             rows.push(vec![
@@ -276,11 +385,7 @@ async fn usage(args: UsageArgs) -> anyhow::Result<()> {
                 key.hard.clone(),
                 key.computed.clone().unwrap_or_else(|| "-".into()),
                 key.stored.clone().unwrap_or_else(|| "-".into()),
-                if key.differs {
-                    "differs".into()
-                } else {
-                    String::new()
-                },
+                if key.differs { "differs".into() } else { String::new() },
             ]);
         }
     }
@@ -289,33 +394,17 @@ async fn usage(args: UsageArgs) -> anyhow::Result<()> {
 }
 
 async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
-    let ExplainArgs {
-        cluster: ClusterArgs { kubeconfig, context },
-        namespace_watch_threshold,
-        output,
-    } = args;
+    let ExplainArgs { cluster: ClusterArgs { kubeconfig, context }, namespace_watch_threshold, output } =
+        args;
     let client = lazyquota_kube::client::connect(kubeconfig.as_deref(), context.as_deref()).await?;
     let report = report::explain(&client, namespace_watch_threshold, FeatureGates::default()).await?;
     if output == Output::Json {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
-    println!(
-        "cluster {}: {} resource type(s) demanded",
-        report.cluster,
-        report.resources.len()
-    );
+    println!("cluster {}: {} resource type(s) demanded", report.cluster, report.resources.len());
     let mut rows = vec![
-        [
-            "RESOURCE",
-            "VERSION",
-            "WATCH",
-            "SCOPE",
-            "NAMESPACES",
-            "QUOTAS: KEYS",
-        ]
-        .map(String::from)
-        .to_vec(),
+        ["RESOURCE", "VERSION", "WATCH", "SCOPE", "NAMESPACES", "QUOTAS: KEYS"].map(String::from).to_vec(),
     ];
     for r in &report.resources {
         rows.push(vec![
@@ -329,11 +418,7 @@ async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     }
     print_table(&rows);
     for r in report.resources.iter().filter(|r| r.pending.is_some()) {
-        println!(
-            "pending {}: {}",
-            r.resource,
-            r.pending.as_deref().unwrap_or_default()
-        );
+        println!("pending {}: {}", r.resource, r.pending.as_deref().unwrap_or_default());
     }
     for key in &report.always_zero {
         println!("always 0 under its scopes (nothing watched): {key}");
@@ -347,20 +432,10 @@ async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
 fn print_table(rows: &[Vec<String>]) {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
-        .map(|c| {
-            rows.iter()
-                .filter_map(|r| r.get(c))
-                .map(String::len)
-                .max()
-                .unwrap_or(0)
-        })
+        .map(|c| rows.iter().filter_map(|r| r.get(c)).map(String::len).max().unwrap_or(0))
         .collect();
     for row in rows {
-        let line: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .map(|(cell, w)| format!("{cell:<w$}"))
-            .collect();
+        let line: Vec<String> = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
         println!("{}", line.join("  ").trim_end());
     }
 }

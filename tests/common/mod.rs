@@ -16,7 +16,10 @@ use kube::{
     Api, Client,
     api::{ApiResource, DeleteParams, DynamicObject, ObjectMeta, PostParams},
 };
-use lazyquota_kube::controller::{Config, Controller, SnapshotHandle};
+use lazyquota_kube::{
+    controller::{Config, Controller, SnapshotHandle},
+    metrics::Metrics,
+};
 use lazyquota_testenv::{ControlPlane, Flavor, eventually};
 
 static CONTROLLER: OnceLock<SnapshotHandle> = OnceLock::new();
@@ -24,6 +27,15 @@ static CONTROLLER: OnceLock<SnapshotHandle> = OnceLock::new();
 /// The controller of this test binary, started on first use with `config` against the
 /// control plane of `flavor`, on a runtime of its own that lives as long as the process.
 pub fn controller(flavor: Flavor, config: Config) -> SnapshotHandle {
+    controller_as(flavor, config, None)
+}
+
+/// [`controller`] with the identity of `kubeconfig` instead of the administrator's.
+pub fn controller_as(
+    flavor: Flavor,
+    config: Config,
+    kubeconfig: Option<std::path::PathBuf>,
+) -> SnapshotHandle {
     CONTROLLER
         .get_or_init(|| {
             let cp = ControlPlane::get(flavor);
@@ -35,8 +47,11 @@ pub fn controller(flavor: Flavor, config: Config) -> SnapshotHandle {
                     .build()
                     .expect("controller runtime");
                 runtime.block_on(async move {
-                    let client = cp.client().await.expect("controller client");
-                    let (controller, snapshots) = Controller::new(client, config);
+                    let client = match kubeconfig {
+                        Some(path) => client_from(&path).await,
+                        None => cp.client().await.expect("controller client"),
+                    };
+                    let (controller, snapshots) = Controller::new(client, config, Metrics::new());
                     tx.send(snapshots).expect("test waits for the controller");
                     controller
                         .run(std::future::pending())
@@ -52,25 +67,15 @@ pub fn controller(flavor: Flavor, config: Config) -> SnapshotHandle {
 /// Fast settings for tests: a short discovery poll; the periodic resync is left at its
 /// default so tests see event-driven behaviour, not resyncs.
 pub fn test_config() -> Config {
-    Config {
-        discovery_poll: Duration::from_secs(30),
-        ..Config::default()
-    }
+    Config { discovery_poll: Duration::from_secs(30), ..Config::default() }
 }
 
 /// A quota with `hard`.
 pub fn quota(name: &str, hard: &[(&str, &str)]) -> ResourceQuota {
     ResourceQuota {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
+        metadata: ObjectMeta { name: Some(name.into()), ..ObjectMeta::default() },
         spec: Some(k8s_openapi::api::core::v1::ResourceQuotaSpec {
-            hard: Some(
-                hard.iter()
-                    .map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned())))
-                    .collect(),
-            ),
+            hard: Some(hard.iter().map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned()))).collect()),
             ..Default::default()
         }),
         ..ResourceQuota::default()
@@ -110,17 +115,12 @@ pub async fn create_crd(client: &Client, group: &str, plural: &str) -> ApiResour
     }))
     .expect("valid CRD");
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.create(&PostParams::default(), &crd)
-        .await
-        .expect("create CRD");
+    crds.create(&PostParams::default(), &crd).await.expect("create CRD");
     let name = format!("{plural}.{group}");
     eventually(Duration::from_secs(30), || async {
         let crd = crds.get(&name).await.ok()?;
-        let established = crd
-            .status?
-            .conditions?
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True");
+        let established =
+            crd.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True");
         established.then_some(())
     })
     .await
@@ -137,9 +137,7 @@ pub async fn create_crd(client: &Client, group: &str, plural: &str) -> ApiResour
 /// Deletes a CRD (and with it all its objects).
 pub async fn delete_crd(client: &Client, group: &str, plural: &str) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let _ = crds
-        .delete(&format!("{plural}.{group}"), &DeleteParams::default())
-        .await;
+    let _ = crds.delete(&format!("{plural}.{group}"), &DeleteParams::default()).await;
 }
 
 /// Creates an object of a CRD.
@@ -157,9 +155,7 @@ pub async fn create_object(
 /// Deletes an object of a CRD.
 pub async fn delete_object(client: &Client, resource: &ApiResource, namespace: &str, name: &str) {
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, resource);
-    api.delete(name, &DeleteParams::default())
-        .await
-        .expect("delete object");
+    api.delete(name, &DeleteParams::default()).await.expect("delete object");
 }
 
 /// Open watches the kube-apiserver itself reports for a resource
@@ -180,17 +176,67 @@ pub async fn apiserver_watches(cp: &ControlPlane, group: &str, resource: &str) -
 /// Whether the controller has a synced watch for `<resource>.<group>` (`count/` name form).
 pub async fn has_synced_watch(controller: &SnapshotHandle, count_name: &str) -> bool {
     let snapshot = controller.get().await.expect("controller running");
-    snapshot
-        .watches
-        .iter()
-        .any(|w| w.key.resource.object_count_name() == count_name && w.synced)
+    snapshot.watches.iter().any(|w| w.key.resource.object_count_name() == count_name && w.synced)
 }
 
 /// Whether the controller has any watch for the resource.
 pub async fn has_watch(controller: &SnapshotHandle, count_name: &str) -> bool {
     let snapshot = controller.get().await.expect("controller running");
-    snapshot
-        .watches
-        .iter()
-        .any(|w| w.key.resource.object_count_name() == count_name)
+    snapshot.watches.iter().any(|w| w.key.resource.object_count_name() == count_name)
+}
+
+/// A kubeconfig file for ServiceAccount `namespace/name`, with a token from the TokenRequest
+/// API (one hour), for running lazyquota with exactly that account's RBAC.
+pub async fn service_account_kubeconfig(
+    cp: &ControlPlane,
+    namespace: &str,
+    name: &str,
+) -> std::path::PathBuf {
+    use k8s_openapi::api::{
+        authentication::v1::{TokenRequest, TokenRequestSpec},
+        core::v1::ServiceAccount,
+    };
+    let client = cp.client().await.expect("admin client");
+    let accounts: Api<ServiceAccount> = Api::namespaced(client, namespace);
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..TokenRequestSpec::default() }),
+        ..TokenRequest::default()
+    };
+    let token: TokenRequest = accounts
+        .create_subresource("token", name, &PostParams::default(), &request)
+        .await
+        .expect("TokenRequest");
+    let token = token.status.and_then(|s| s.token).expect("token issued");
+    let facts = |k: &str| cp.fact(k).unwrap_or_else(|| panic!("control plane fact {k}")).to_owned();
+    let kubeconfig = format!(
+        "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: '{}', certificate-authority: '{}'}}}}]\n\
+         users: [{{name: {name}, user: {{token: '{token}'}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: {name}}}}}]\n\
+         current-context: c\n",
+        facts("LAZYQUOTA_APISERVER_URL"),
+        facts("LAZYQUOTA_CA_FILE"),
+    );
+    let path = std::env::temp_dir().join(format!("{}.kubeconfig", lazyquota_testenv::unique_name(name)));
+    std::fs::write(&path, kubeconfig).expect("write kubeconfig");
+    path
+}
+
+/// A client from a kubeconfig file.
+pub async fn client_from(kubeconfig: &std::path::Path) -> Client {
+    lazyquota_kube::client::connect(Some(kubeconfig), None).await.expect("client from kubeconfig")
+}
+
+/// Applies a YAML document (one or more objects, `---` separated) with kubectl's server-side
+/// apply, as an administrator.
+pub fn kubectl_apply(cp: &ControlPlane, yaml: &str) -> std::process::Output {
+    use std::io::Write as _;
+    let kubectl = format!("{}/kubectl", cp.fact("LAZYQUOTA_CP_BIN").expect("control plane binaries"));
+    let mut child = std::process::Command::new(kubectl)
+        .args(["--kubeconfig", cp.kubeconfig().to_str().unwrap(), "apply", "--server-side", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl");
+    child.stdin.take().unwrap().write_all(yaml.as_bytes()).unwrap();
+    child.wait_with_output().expect("kubectl finished")
 }

@@ -25,14 +25,18 @@ use futures::{
     stream::{AbortHandle, BoxStream, FuturesUnordered, SelectAll},
 };
 use k8s_openapi::{
-    api::core::v1::{ResourceQuota, ResourceQuotaStatus},
+    api::core::v1::{ObjectReference, ResourceQuota, ResourceQuotaStatus},
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     kube_aggregator::pkg::apis::apiregistration::v1::APIService,
 };
 use kube::{
     Api, Client, ResourceExt as _,
     api::{ObjectMeta, PartialObjectMeta, PostParams},
-    runtime::{WatchStreamExt as _, watcher},
+    runtime::{
+        WatchStreamExt as _,
+        events::{Event, EventType, Recorder, Reporter},
+        watcher,
+    },
 };
 use lazyquota_index::{
     engine::{Applied, Engine, StoreKind, same_value, store_kind},
@@ -48,6 +52,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     discovery::{Discovered, discover},
+    metrics::Metrics,
     now,
     watch::{ObjectEvent, WatchItem, WatchKey, WatchOptions},
 };
@@ -83,6 +88,8 @@ pub struct Config {
     pub gates: FeatureGates,
     /// Streaming lists: `Some(choice)`, or `None` to probe the server once.
     pub streaming_lists: Option<bool>,
+    /// This instance's name in Events it records (a pod name).
+    pub instance: String,
 }
 
 impl Default for Config {
@@ -97,9 +104,16 @@ impl Default for Config {
             discovery_poll: Duration::from_secs(300),
             gates: FeatureGates::default(),
             streaming_lists: None,
+            instance: "lazyquota".into(),
         }
     }
 }
+
+/// Events published at once, at most (a burst beyond is dropped and logged).
+const MAX_PENDING_EVENTS: usize = 256;
+
+/// How long a quota's first write waits for a watch still on its first list.
+const FIRST_LIST_GRACE: Duration = Duration::from_secs(30);
 
 /// Fatal controller errors (everything else is retried).
 #[derive(Debug, thiserror::Error)]
@@ -121,6 +135,10 @@ struct Running {
     relisting: bool,
     /// The last failure, until the next successful list.
     failure: Option<(&'static str, String)>,
+    /// This watch's event counter (cached: one atomic add per event).
+    events: prometheus::IntCounter,
+    /// When it was opened.
+    started: Instant,
 }
 
 /// What the controller reports to metrics, readiness, `explain` and tests.
@@ -134,23 +152,10 @@ pub struct Snapshot {
     pub watches: Vec<WatchInfo>,
     /// Objects and bytes held per resource (`count/` name).
     pub held: BTreeMap<String, (usize, usize)>,
-    /// Watch events processed per resource.
-    pub events: BTreeMap<String, u64>,
-    /// (Re)lists started per resource.
-    pub relists: BTreeMap<String, u64>,
-    /// Watch errors per (resource, reason).
-    pub watch_errors: BTreeMap<(String, String), u64>,
-    /// Quota syncs by result: `unchanged`, `written`, `conflict`, `error`, `shadow_agree`,
-    /// `shadow_disagree`.
-    pub syncs: BTreeMap<&'static str, u64>,
-    /// Discovery runs by result.
-    pub discovery_runs: BTreeMap<&'static str, u64>,
     /// Demanded resources not served (yet): (`count/` name, demanding quotas).
     pub pending: Vec<(String, usize)>,
     /// Shadow-mode disagreements now: (quota, key) → (ours, stored).
     pub disagreements: BTreeMap<(String, String), (String, String)>,
-    /// Quota sync durations in seconds since the previous snapshot (for a histogram).
-    pub sync_seconds: Vec<f64>,
     /// Whether streaming lists are used.
     pub streaming_lists: bool,
 }
@@ -195,18 +200,27 @@ pub struct Controller {
     queue: WorkQueue<QuotaKey>,
     writes: FuturesUnordered<BoxFuture<'static, WriteResult>>,
     stats: Snapshot,
+    metrics: Metrics,
+    recorder: Recorder,
+    /// Events being published (polled by the loop; at most [`MAX_PENDING_EVENTS`]).
+    events: FuturesUnordered<BoxFuture<'static, ()>>,
     requests: mpsc::Receiver<oneshot::Sender<Snapshot>>,
 }
 
 impl Controller {
-    /// A controller for `client`'s cluster, and the handle to ask it for snapshots.
-    pub fn new(client: Client, config: Config) -> (Self, SnapshotHandle) {
+    /// A controller for `client`'s cluster, counting into `metrics`, and the handle to ask
+    /// it for snapshots.
+    pub fn new(client: Client, config: Config, metrics: Metrics) -> (Self, SnapshotHandle) {
         let (tx, requests) = mpsc::channel(16);
-        let options = WatchOptions {
-            streaming_lists: config.streaming_lists.unwrap_or(false),
-            gates: config.gates,
-        };
+        let options =
+            WatchOptions { streaming_lists: config.streaming_lists.unwrap_or(false), gates: config.gates };
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter { controller: "lazyquota".into(), instance: Some(config.instance.clone()) },
+        );
         let controller = Self {
+            recorder,
+            events: FuturesUnordered::new(),
             client,
             options,
             interner: Arc::new(Interner::new()),
@@ -218,6 +232,7 @@ impl Controller {
             queue: WorkQueue::new(),
             writes: FuturesUnordered::new(),
             stats: Snapshot::default(),
+            metrics,
             requests,
             config,
         };
@@ -233,12 +248,10 @@ impl Controller {
         self.stats.streaming_lists = self.options.streaming_lists;
         info!(streaming_lists = self.options.streaming_lists, mode = ?self.config.mode, shadow = self.config.shadow, "controller starting");
 
-        let mut quota_events = watcher(
-            Api::<ResourceQuota>::all(self.client.clone()),
-            watcher::Config::default(),
-        )
-        .default_backoff()
-        .boxed();
+        let mut quota_events =
+            watcher(Api::<ResourceQuota>::all(self.client.clone()), watcher::Config::default())
+                .default_backoff()
+                .boxed();
         let mut api_changes = api_change_stream(&self.client);
         let mut quota_relist: Option<Vec<ResourceQuota>> = None;
         let mut discovery = Some(discover_owned(self.client.clone()));
@@ -289,16 +302,14 @@ impl Controller {
                 Some((key, started, result)) = self.writes.next(), if !self.writes.is_empty() => {
                     self.on_write(&key, started, result);
                 }
+                Some(()) = self.events.next(), if !self.events.is_empty() => {}
                 Some(reply) = self.requests.recv() => {
                     let _ = reply.send(self.snapshot());
                 }
             }
         };
 
-        info!(
-            in_flight = self.writes.len(),
-            "stopping watches, finishing status writes"
-        );
+        info!(in_flight = self.writes.len(), "stopping watches, finishing status writes");
         for running in self.watches.values() {
             running.abort.abort();
         }
@@ -307,10 +318,7 @@ impl Controller {
                 self.on_write(&key, started, result);
             }
         };
-        if tokio::time::timeout(Duration::from_secs(10), drain)
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(Duration::from_secs(10), drain).await.is_err() {
             warn!("status writes still in flight after 10s; exiting anyway");
         }
         outcome
@@ -319,11 +327,7 @@ impl Controller {
     // ---- quotas ----------------------------------------------------------------------------
 
     fn quota_key(&self, quota: &ResourceQuota) -> QuotaKey {
-        QuotaKey::new(
-            &self.config.cluster,
-            &quota.namespace().unwrap_or_default(),
-            &quota.name_any(),
-        )
+        QuotaKey::new(&self.config.cluster, &quota.namespace().unwrap_or_default(), &quota.name_any())
     }
 
     fn on_quota_event(
@@ -369,6 +373,9 @@ impl Controller {
         let key = self.quota_key(quota);
         let update = self.engine.apply_quota(key.clone(), quota);
         report_spec_problems(&key, &update.problems);
+        for problem in &update.problems {
+            self.emit(&key, EventType::Warning, "InvalidSpec", problem.to_string());
+        }
         self.apply_demand(&update.changes);
         if update.recompute {
             self.queue.add(key, Instant::now());
@@ -390,15 +397,13 @@ impl Controller {
         let discovered = match result {
             Ok(d) => d,
             Err(error) => {
-                *self.stats.discovery_runs.entry("error").or_default() += 1;
+                self.metrics.discovery("error");
                 warn!(%error, "discovery failed; keeping what was known");
                 return;
             }
         };
-        *self.stats.discovery_runs.entry("ok").or_default() += 1;
-        let changes = self
-            .engine
-            .discovered(&cluster, discovered.served, &discovered.failed_groups);
+        self.metrics.discovery("ok");
+        let changes = self.engine.discovered(&cluster, discovered.served, &discovered.failed_groups);
         let mut touched: BTreeSet<GroupResource> = BTreeSet::new();
         for change in changes {
             debug!(?change, "discovery change");
@@ -410,12 +415,7 @@ impl Controller {
             touched.insert(r.clone());
         }
         if self.config.mode == Mode::Eager {
-            touched.extend(
-                self.engine
-                    .resolver
-                    .quotable(&cluster)
-                    .map(|s| s.resource.clone()),
-            );
+            touched.extend(self.engine.resolver.quotable(&cluster).map(|s| s.resource.clone()));
         }
         let now = Instant::now();
         for resource in &touched {
@@ -430,10 +430,8 @@ impl Controller {
     // ---- demand → watches ------------------------------------------------------------------
 
     fn apply_demand(&mut self, changes: &[DemandChange]) {
-        let touched: BTreeSet<(ClusterName, GroupResource)> = changes
-            .iter()
-            .map(|c| (c.cluster.clone(), c.resource.clone()))
-            .collect();
+        let touched: BTreeSet<(ClusterName, GroupResource)> =
+            changes.iter().map(|c| (c.cluster.clone(), c.resource.clone())).collect();
         for (cluster, resource) in touched {
             self.sync_watches(&cluster, &resource);
         }
@@ -460,10 +458,7 @@ impl Controller {
             // informers for everything else.
             let typed = resource.group.is_empty()
                 && ["pods", "services", "persistentvolumeclaims"].contains(&resource.resource.as_str());
-            desired.insert(
-                key(None, if typed { Need::Typed } else { Need::Count }),
-                BTreeSet::new(),
-            );
+            desired.insert(key(None, if typed { Need::Typed } else { Need::Count }), BTreeSet::new());
             return desired;
         }
         let demand = self.engine.index.demand_of(cluster, resource);
@@ -535,6 +530,7 @@ impl Controller {
         self.streams.push(stream);
         self.by_id.insert(id, key.clone());
         let hold_all = self.config.mode == Mode::Eager;
+        let key_label = key.resource_label();
         self.watches.insert(
             key,
             Running {
@@ -545,6 +541,8 @@ impl Controller {
                 synced: false,
                 relisting: false,
                 failure: None,
+                events: self.metrics.watch_events(&key_label),
+                started: Instant::now(),
             },
         );
     }
@@ -577,8 +575,7 @@ impl Controller {
     /// The partitions a watch fills (eager watches: every one held for its resource).
     fn partitions_of(&self, key: &WatchKey, running: &Running) -> Vec<PartitionKey> {
         if running.hold_all {
-            self.engine
-                .held_namespaces(store_kind(&key.resource, key.need), &key.cluster, &key.resource)
+            self.engine.held_namespaces(store_kind(&key.resource, key.need), &key.cluster, &key.resource)
         } else {
             running.namespaces.iter().map(|ns| partition(key, ns)).collect()
         }
@@ -594,21 +591,16 @@ impl Controller {
             return;
         };
         let kind = store_kind(&key.resource, key.need);
-        let name = key.resource.object_count_name();
-        *self.stats.events.entry(name.clone()).or_default() += 1;
+        running.events.inc();
         match item {
             WatchItem::Init => {
-                *self.stats.relists.entry(name).or_default() += 1;
+                self.metrics.relist(&key.resource_label());
                 for p in self.partitions_of(&key, running) {
                     self.engine.begin_relist(kind, &p);
                 }
                 self.watches.get_mut(&key).expect("present").relisting = true;
             }
-            WatchItem::InitApply(ObjectEvent {
-                namespace,
-                name,
-                object,
-            }) => {
+            WatchItem::InitApply(ObjectEvent { namespace, name, object }) => {
                 let p = partition(&key, &namespace);
                 if self.ensure_held(&key, kind, &p)
                     && let Some(reason) = self.engine.relist_apply(kind, &p, object_id(&name), object)
@@ -627,22 +619,18 @@ impl Controller {
                 running.relisting = false;
                 if running.failure.take().is_some() {
                     info!(watch = %key, "watch recovered");
+                    let note = format!("{} is watched again; its keys are current", key.resource_label());
+                    self.emit_for_resource(&key, EventType::Normal, "ResourceAvailable", &note);
                 } else if first {
                     info!(watch = %key, "watch synced");
                 }
                 // A newly synced (or relisted) resource: its quotas can be computed now.
                 let now = Instant::now();
-                for quota in self.engine.index.computing(&key.cluster, &key.resource) {
-                    if partitions.iter().any(|p| p.namespace == quota.namespace) {
-                        self.queue.add(quota, now);
-                    }
+                for quota in self.quotas_served_by(&key) {
+                    self.queue.add(quota, now);
                 }
             }
-            WatchItem::Apply(ObjectEvent {
-                namespace,
-                name,
-                object,
-            }) => {
+            WatchItem::Apply(ObjectEvent { namespace, name, object }) => {
                 let p = partition(&key, &namespace);
                 if !self.ensure_held(&key, kind, &p) {
                     return; // another namespace's object on a cluster-wide watch: dropped at ingest
@@ -662,20 +650,84 @@ impl Controller {
                 }
             }
             WatchItem::Failed(reason, message) => {
-                *self
-                    .stats
-                    .watch_errors
-                    .entry((name, reason.to_owned()))
-                    .or_default() += 1;
+                self.metrics.watch_error(&key.resource_label(), reason);
                 let running = self.watches.get_mut(&key).expect("present");
-                if running.failure.as_ref().is_none_or(|(r, _)| *r != reason) {
+                let first_failure = running.failure.is_none() && !running.synced;
+                let new_reason = running.failure.as_ref().is_none_or(|(r, _)| *r != reason);
+                running.failure = Some((reason, message.clone()));
+                if new_reason {
                     // Only the keys computed from this resource keep their previous values;
                     // every other quota and key stays current.
                     warn!(watch = %key, reason, error = %message, "watch failing; keys computed from it keep their previous values");
+                    let note = format!(
+                        "cannot watch {} ({reason}): {message}; keys computed from it keep their previous values",
+                        key.resource_label()
+                    );
+                    self.emit_for_resource(&key, EventType::Warning, "ResourceUnavailable", &note);
                 }
-                running.failure = Some((reason, message));
+                if first_failure {
+                    // Quotas held back for this watch's first list are written now.
+                    let now = Instant::now();
+                    for quota in self.quotas_served_by(&key) {
+                        self.queue.add(quota, now);
+                    }
+                }
             }
         }
+    }
+
+    /// The quotas whose keys are computed from the objects this watch fills.
+    fn quotas_served_by(&self, key: &WatchKey) -> Vec<QuotaKey> {
+        let Some(running) = self.watches.get(key) else { return Vec::new() };
+        self.engine
+            .index
+            .computing(&key.cluster, &key.resource)
+            .into_iter()
+            .filter(|q| running.hold_all || running.namespaces.contains(&q.namespace))
+            .collect()
+    }
+
+    /// Records an Event on every quota whose keys are computed from the watch's resource in
+    /// the namespaces it serves.
+    fn emit_for_resource(&mut self, key: &WatchKey, type_: EventType, reason: &str, note: &str) {
+        for quota in self.quotas_served_by(key) {
+            self.emit(&quota, type_, reason, note.to_owned());
+        }
+    }
+
+    /// Records an Event on a quota (published by the loop; dropped, with a log line, if too
+    /// many are already in flight).
+    fn emit(&mut self, quota: &QuotaKey, type_: EventType, reason: &str, note: String) {
+        if self.events.len() >= MAX_PENDING_EVENTS {
+            warn!(quota = %quota, reason, "too many Events in flight; dropping one");
+            return;
+        }
+        let uid = self.engine.index.get(quota).and_then(|e| e.payload.uid.clone());
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("ResourceQuota".into()),
+            namespace: Some(quota.namespace.to_string()),
+            name: Some(quota.name.to_string()),
+            uid,
+            ..ObjectReference::default()
+        };
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        let recorder = self.recorder.clone();
+        let quota = quota.clone();
+        self.events.push(
+            async move {
+                if let Err(error) = recorder.publish(&event, &reference).await {
+                    warn!(quota = %quota, %error, "recording an Event failed");
+                }
+            }
+            .boxed(),
+        );
     }
 
     /// Whether the object's partition is held; eager watches hold every namespace they see.
@@ -701,11 +753,7 @@ impl Controller {
 
     fn replenish(&mut self, key: &WatchKey, namespace: &str) {
         let now = Instant::now();
-        for quota in self
-            .engine
-            .index
-            .dirtied_by(&key.cluster, namespace, &key.resource)
-        {
+        for quota in self.engine.index.dirtied_by(&key.cluster, namespace, &key.resource) {
             self.queue.add(quota, now);
         }
     }
@@ -727,26 +775,23 @@ impl Controller {
             self.queue.done(&key);
             return;
         };
+        if self.first_list_pending(&key, &computed.unsynced) {
+            // Its InitDone enqueues the quota again; writing now would only be overwritten.
+            self.queue.done(&key);
+            return;
+        }
         for error in &computed.scope_errors {
             warn!(quota = %key, %error, "scope matching failed; usage is the partial sum, as upstream");
         }
         let decision = computed.decision;
         if self.config.shadow || !decision.dirty {
-            if self.config.shadow {
-                self.report_shadow(&key, &decision);
-            } else {
-                *self.stats.syncs.entry("unchanged").or_default() += 1;
-            }
+            let result = if self.config.shadow { self.report_shadow(&key, &decision) } else { "unchanged" };
+            self.metrics.quota_sync(result, started.elapsed().as_secs_f64());
             self.queue.forget(&key);
             self.queue.done(&key);
-            self.stats.sync_seconds.push(started.elapsed().as_secs_f64());
             return;
         }
-        let resource_version = self
-            .engine
-            .index
-            .get(&key)
-            .and_then(|e| e.payload.resource_version.clone());
+        let resource_version = self.engine.index.get(&key).and_then(|e| e.payload.resource_version.clone());
         let body = ResourceQuota {
             metadata: ObjectMeta {
                 name: Some(key.name.to_string()),
@@ -755,10 +800,7 @@ impl Controller {
                 ..ObjectMeta::default()
             },
             spec: None,
-            status: Some(ResourceQuotaStatus {
-                hard: Some(decision.hard),
-                used: Some(decision.used),
-            }),
+            status: Some(ResourceQuotaStatus { hard: Some(decision.hard), used: Some(decision.used) }),
         };
         let api: Api<ResourceQuota> = Api::namespaced(self.client.clone(), &key.namespace);
         let write = async move {
@@ -768,13 +810,24 @@ impl Controller {
         self.writes.push(write.boxed());
     }
 
-    fn report_shadow(&mut self, key: &QuotaKey, decision: &StatusDecision) {
-        let stored = self
-            .engine
-            .index
-            .get(key)
-            .and_then(|e| e.payload.status_used.clone())
-            .unwrap_or_default();
+    /// Whether a resource the quota needs is still on its first list (not failing, opened less
+    /// than [`FIRST_LIST_GRACE`] ago). Writing then would write a status that the list's end
+    /// overwrites a moment later; upstream avoids that by waiting for all its informers.
+    fn first_list_pending(&self, key: &QuotaKey, unsynced: &[GroupResource]) -> bool {
+        self.watches.iter().any(|(w, r)| {
+            w.cluster == key.cluster
+                && unsynced.contains(&w.resource)
+                && w.namespace.as_deref().is_none_or(|ns| ns == &*key.namespace)
+                && !r.synced
+                && r.failure.is_none()
+                && r.started.elapsed() < FIRST_LIST_GRACE
+        })
+    }
+
+    /// Records disagreements between our `used` and the stored one; returns the sync result.
+    fn report_shadow(&mut self, key: &QuotaKey, decision: &StatusDecision) -> &'static str {
+        let stored =
+            self.engine.index.get(key).and_then(|e| e.payload.status_used.clone()).unwrap_or_default();
         let quota = key.to_string();
         self.stats.disagreements.retain(|(q, _), _| q != &quota);
         let mut disagree = false;
@@ -786,40 +839,36 @@ impl Controller {
             disagree = true;
             let theirs = theirs.map_or_else(|| "<absent>".to_owned(), |t| t.0.clone());
             warn!(quota = %quota, key = %name, ours = %ours.0, stored = %theirs, "shadow: status.used disagrees");
-            self.stats
-                .disagreements
-                .insert((quota.clone(), name.clone()), (ours.0.clone(), theirs));
+            self.stats.disagreements.insert((quota.clone(), name.clone()), (ours.0.clone(), theirs));
         }
-        *self
-            .stats
-            .syncs
-            .entry(if disagree {
-                "shadow_disagree"
-            } else {
-                "shadow_agree"
-            })
-            .or_default() += 1;
+        if disagree { "shadow_disagree" } else { "shadow_agree" }
     }
 
     fn on_write(&mut self, key: &QuotaKey, started: Instant, result: Result<ResourceQuota, kube::Error>) {
         self.queue.done(key);
-        self.stats.sync_seconds.push(started.elapsed().as_secs_f64());
+        let seconds = started.elapsed().as_secs_f64();
         match result {
             Ok(written) => {
-                *self.stats.syncs.entry("written").or_default() += 1;
+                self.metrics.quota_sync("written", seconds);
+                self.metrics.status_write("ok");
                 self.queue.forget(key);
                 self.engine.record_written(key, &written);
                 debug!(quota = %key, "status written");
             }
             Err(kube::Error::Api(status)) if status.code == 409 => {
-                *self.stats.syncs.entry("conflict").or_default() += 1;
+                self.metrics.quota_sync("conflict", seconds);
+                self.metrics.status_write("conflict");
                 // The quota watch brings the newer version; retry after backoff.
                 let delay = self.queue.add_rate_limited(key.clone(), Instant::now());
                 debug!(quota = %key, ?delay, "status write conflicted; retrying");
             }
-            Err(kube::Error::Api(status)) if status.code == 404 => self.queue.forget(key),
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                self.metrics.status_write("not_found");
+                self.queue.forget(key);
+            }
             Err(error) => {
-                *self.stats.syncs.entry("error").or_default() += 1;
+                self.metrics.quota_sync("error", seconds);
+                self.metrics.status_write("error");
                 let delay = self.queue.add_rate_limited(key.clone(), Instant::now());
                 warn!(quota = %key, %error, ?delay, "status write failed; retrying");
             }
@@ -849,9 +898,7 @@ impl Controller {
             }
         }
         self.stats.pending = pending.into_iter().collect();
-        let snapshot = self.stats.clone();
-        self.stats.sync_seconds.clear();
-        snapshot
+        self.stats.clone()
     }
 }
 
@@ -891,12 +938,8 @@ fn api_change_stream(client: &Client) -> BoxStream<'static, ()> {
     let crds: Api<PartialObjectMeta<CustomResourceDefinition>> = Api::all(client.clone());
     let services: Api<PartialObjectMeta<APIService>> = Api::all(client.clone());
     futures::stream::select(
-        watcher(crds, watcher::Config::default())
-            .default_backoff()
-            .filter_map(changed),
-        watcher(services, watcher::Config::default())
-            .default_backoff()
-            .filter_map(changed),
+        watcher(crds, watcher::Config::default()).default_backoff().filter_map(changed),
+        watcher(services, watcher::Config::default()).default_backoff().filter_map(changed),
     )
     .boxed()
 }

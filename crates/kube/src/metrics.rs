@@ -1,0 +1,280 @@
+//! Prometheus metrics. All names start with `lazyquota_`, carry their unit, and counters end
+//! in `_total`.
+//!
+//! Counters and the sync-latency histogram are updated as things happen (the controller
+//! caches the per-resource counter handles, so counting an event is one atomic add). Gauges
+//! that the controller's state already knows — watches, objects and bytes held, pending
+//! names, disagreements — are computed at scrape time from a [`Snapshot`].
+
+use prometheus::{
+    Encoder as _, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+use crate::controller::Snapshot;
+
+/// The metrics of one lazyquota process.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    watch_events: IntCounterVec,
+    relists: IntCounterVec,
+    watch_errors: IntCounterVec,
+    quota_syncs: IntCounterVec,
+    status_writes: IntCounterVec,
+    sync_duration: Histogram,
+    discovery_runs: IntCounterVec,
+    active_watches: IntGaugeVec,
+    watch_clusters: IntGaugeVec,
+    watch_failing: IntGaugeVec,
+    held_objects: IntGaugeVec,
+    held_bytes: IntGaugeVec,
+    pending: IntGaugeVec,
+    disagreements: IntGaugeVec,
+    quotas: IntGauge,
+    ready: IntGauge,
+    /// 1 while this process leads (or leader election is off), else 0.
+    pub leader: IntGauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry.register(Box::new(c.clone())).expect("registered once");
+    c
+}
+
+fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry.register(Box::new(g.clone())).expect("registered once");
+    g
+}
+
+/// Registers a plain gauge in `registry`.
+///
+/// # Panics
+/// If the name is invalid or already registered: a programming error caught by any test
+/// that builds the metrics.
+pub fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    let g = IntGauge::new(name, help).expect("valid metric");
+    registry.register(Box::new(g.clone())).expect("registered once");
+    g
+}
+
+impl Metrics {
+    /// A fresh registry with every lazyquota metric.
+    ///
+    /// # Panics
+    /// If a metric definition is invalid: a programming error caught by any test.
+    pub fn new() -> Self {
+        let r = Registry::new();
+        let sync_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "lazyquota_quota_sync_duration_seconds",
+                "Time from taking a quota off the queue to its status being written (or found unchanged).",
+            )
+            .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
+        )
+        .expect("valid metric");
+        r.register(Box::new(sync_duration.clone())).expect("registered once");
+        Self {
+            watch_events: counter(
+                &r,
+                "lazyquota_watch_events_total",
+                "Watch events processed.",
+                &["resource"],
+            ),
+            relists: counter(
+                &r,
+                "lazyquota_relists_total",
+                "Lists (initial and after expiry) started.",
+                &["resource"],
+            ),
+            watch_errors: counter(
+                &r,
+                "lazyquota_watch_errors_total",
+                "Watch failures.",
+                &["resource", "reason"],
+            ),
+            quota_syncs: counter(
+                &r,
+                "lazyquota_quota_syncs_total",
+                "Quota computations by result: unchanged, written, conflict, error, shadow_agree, shadow_disagree.",
+                &["result"],
+            ),
+            status_writes: counter(
+                &r,
+                "lazyquota_status_writes_total",
+                "ResourceQuota status writes.",
+                &["result"],
+            ),
+            sync_duration,
+            discovery_runs: counter(&r, "lazyquota_discovery_runs_total", "Discovery runs.", &["result"]),
+            active_watches: gauge_vec(
+                &r,
+                "lazyquota_active_watches",
+                "Open watches by resource and scope (namespaced or cluster).",
+                &["resource", "scope"],
+            ),
+            watch_clusters: gauge_vec(
+                &r,
+                "lazyquota_watch_clusters",
+                "Logical clusters in which a resource is watched.",
+                &["resource"],
+            ),
+            watch_failing: gauge_vec(
+                &r,
+                "lazyquota_watch_failing",
+                "Watches currently failing to sync, by resource and reason; their keys keep previous values.",
+                &["resource", "reason"],
+            ),
+            held_objects: gauge_vec(
+                &r,
+                "lazyquota_held_objects",
+                "Objects held by the usage store.",
+                &["resource"],
+            ),
+            held_bytes: gauge_vec(
+                &r,
+                "lazyquota_held_bytes",
+                "Bytes held by the usage store.",
+                &["resource"],
+            ),
+            pending: gauge_vec(
+                &r,
+                "lazyquota_pending_resources",
+                "Resources some quota names but no API serves (yet), with the number of quotas naming them.",
+                &["resource"],
+            ),
+            disagreements: gauge_vec(
+                &r,
+                "lazyquota_shadow_disagreements",
+                "Shadow mode: 1 for each quota key whose stored status.used differs from lazyquota's.",
+                &["namespace", "quota", "key"],
+            ),
+            quotas: gauge(&r, "lazyquota_quotas", "ResourceQuotas known."),
+            ready: gauge(&r, "lazyquota_ready", "1 once the ResourceQuota watch has listed."),
+            leader: gauge(&r, "lazyquota_leader", "1 while this process leads (or leader election is off)."),
+            registry: r,
+        }
+    }
+
+    /// The registry, to add process-level metrics.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The event counter of a resource (cache it: one atomic add per event).
+    pub fn watch_events(&self, resource: &str) -> IntCounter {
+        self.watch_events.with_label_values(&[resource])
+    }
+
+    /// Counts a (re)list of a resource.
+    pub fn relist(&self, resource: &str) {
+        self.relists.with_label_values(&[resource]).inc();
+    }
+
+    /// Counts a watch failure.
+    pub fn watch_error(&self, resource: &str, reason: &str) {
+        self.watch_errors.with_label_values(&[resource, reason]).inc();
+    }
+
+    /// Counts a quota sync and observes its duration.
+    pub fn quota_sync(&self, result: &str, seconds: f64) {
+        self.quota_syncs.with_label_values(&[result]).inc();
+        self.sync_duration.observe(seconds);
+    }
+
+    /// Counts a status write.
+    pub fn status_write(&self, result: &str) {
+        self.status_writes.with_label_values(&[result]).inc();
+    }
+
+    /// Counts a discovery run.
+    pub fn discovery(&self, result: &str) {
+        self.discovery_runs.with_label_values(&[result]).inc();
+    }
+
+    /// Sets the scrape-time gauges from the controller's state.
+    pub fn observe(&self, snapshot: &Snapshot) {
+        self.quotas.set(i64::try_from(snapshot.quotas).unwrap_or(i64::MAX));
+        self.ready.set(i64::from(snapshot.quotas_synced));
+        self.active_watches.reset();
+        self.watch_clusters.reset();
+        self.watch_failing.reset();
+        let mut clusters: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+            std::collections::BTreeMap::new();
+        for watch in &snapshot.watches {
+            let resource = watch.key.resource_label();
+            let scope = if watch.key.namespace.is_some() { "namespaced" } else { "cluster" };
+            self.active_watches.with_label_values(&[resource.as_str(), scope]).inc();
+            clusters.entry(resource.clone()).or_default().insert(watch.key.cluster.to_string());
+            if let Some(reason) = &watch.failure {
+                self.watch_failing.with_label_values(&[resource.as_str(), reason.as_str()]).inc();
+            }
+        }
+        for (resource, set) in clusters {
+            self.watch_clusters
+                .with_label_values(&[resource.as_str()])
+                .set(i64::try_from(set.len()).unwrap_or(0));
+        }
+        self.held_objects.reset();
+        self.held_bytes.reset();
+        for (resource, (objects, bytes)) in &snapshot.held {
+            let resource = resource.trim_start_matches("count/");
+            self.held_objects.with_label_values(&[resource]).set(i64::try_from(*objects).unwrap_or(i64::MAX));
+            self.held_bytes.with_label_values(&[resource]).set(i64::try_from(*bytes).unwrap_or(i64::MAX));
+        }
+        self.pending.reset();
+        for (resource, quotas) in &snapshot.pending {
+            let resource = resource.trim_start_matches("count/");
+            self.pending.with_label_values(&[resource]).set(i64::try_from(*quotas).unwrap_or(i64::MAX));
+        }
+        self.disagreements.reset();
+        for (quota, key) in snapshot.disagreements.keys() {
+            // QuotaKey displays as cluster|namespace/name.
+            let (namespace, name) = quota
+                .rsplit_once('|')
+                .map_or(quota.as_str(), |(_, q)| q)
+                .split_once('/')
+                .unwrap_or(("", quota));
+            self.disagreements.with_label_values(&[namespace, name, key.as_str()]).set(1);
+        }
+    }
+
+    /// The text exposition of every metric.
+    ///
+    /// # Panics
+    /// Never in practice: encoding to memory cannot fail and the format is UTF-8.
+    pub fn encode(&self) -> String {
+        let mut buffer = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut buffer).expect("text encoding to memory");
+        String::from_utf8(buffer).expect("the text format is UTF-8")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_is_prefixed_and_counters_end_in_total() {
+        let metrics = Metrics::new();
+        metrics.watch_events("pods").inc();
+        metrics.quota_sync("written", 0.01);
+        metrics.status_write("ok");
+        let text = metrics.encode();
+        for line in text.lines().filter(|l| l.starts_with("# TYPE")) {
+            let mut parts = line.split_whitespace().skip(2);
+            let (name, kind) = (parts.next().unwrap(), parts.next().unwrap());
+            assert!(name.starts_with("lazyquota_"), "{name}");
+            assert_eq!(kind == "counter", name.ends_with("_total"), "{name} is a {kind}");
+        }
+        assert!(text.contains("lazyquota_watch_events_total{resource=\"pods\"} 1"));
+    }
+}

@@ -1,0 +1,323 @@
+//! Operating lazyquota as a platform team would, with the real binary on the real control
+//! plane: the rendered chart applies server-side; the chart's ServiceAccount (token from the
+//! TokenRequest API) is enough to do the whole job and no more; a real Prometheus scrapes
+//! it; two replicas fail over through the Lease and never lead at once; SIGTERM exits 0.
+//!
+//! Tests here share one Lease and the chart's namespace, so they run one at a time.
+
+mod common;
+
+use std::{
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use common::{create_crd, create_object, kubectl_apply, quota, service_account_kubeconfig, used_becomes};
+use k8s_openapi::api::{
+    coordination::v1::Lease,
+    core::v1::{ConfigMap, ResourceQuota},
+};
+use kube::{
+    Api,
+    api::{DeleteParams, ObjectMeta, PostParams},
+};
+use lazyquota_testenv::{ControlPlane, Flavor, TestNamespace, eventually, unique_name};
+use tokio::sync::Mutex;
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
+const WAIT: Duration = Duration::from_secs(30);
+
+/// A `lazyquota run` process, killed when dropped.
+struct Lazyquota {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Lazyquota {
+    fn start(kubeconfig: &Path, extra: &[&str]) -> Self {
+        let port = free_port();
+        let log = std::env::temp_dir().join(format!("{}.log", unique_name("lazyquota")));
+        let out = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_lazyquota"))
+            .args([
+                "run",
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+                "--metrics-addr",
+                &format!("127.0.0.1:{port}"),
+            ])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(out)
+            .spawn()
+            .expect("start lazyquota");
+        Self { child, port, log }
+    }
+
+    async fn get(&self, path: &str) -> Option<(u16, String)> {
+        http_get(self.port, path).await
+    }
+
+    /// `lazyquota_leader` as this process reports it.
+    async fn leader(&self) -> Option<bool> {
+        let (_, metrics) = self.get("/metrics").await?;
+        let line = metrics.lines().find(|l| l.starts_with("lazyquota_leader "))?;
+        Some(line.ends_with(" 1"))
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Lazyquota {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// A minimal HTTP/1.1 GET on loopback (the test needs no HTTP client crate for this).
+async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut response)).await.ok()?.ok()?;
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Some((status, body))
+}
+
+/// Applies the plain manifests rendered from the chart (namespace `lazyquota`).
+fn apply_chart(cp: &ControlPlane) {
+    let manifests =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/manifests/lazyquota.yaml"))
+            .expect("rendered manifests");
+    let out = kubectl_apply(cp, &manifests);
+    assert!(
+        out.status.success(),
+        "server-side apply of the chart failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+const CHART_FLAGS: &[&str] = &[
+    "--leader-elect",
+    "--leader-election-namespace",
+    "lazyquota",
+    "--leader-election-lease-name",
+    "lazyquota",
+    "--leader-election-lease-duration",
+    "4s",
+    "--leader-election-renew-deadline",
+    "3s",
+    "--leader-election-retry-period",
+    "1s",
+];
+
+/// The chart's RBAC is enough for the whole job — leases, watches of a CRD named by a quota,
+/// status writes — and a write it does not allow is refused.
+#[tokio::test]
+async fn the_charts_service_account_does_the_whole_job_and_no_more() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cp = ControlPlane::get(Flavor::LazyquotaOnly);
+    apply_chart(cp);
+    let kubeconfig = service_account_kubeconfig(cp, "lazyquota", "lazyquota").await;
+    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "chart-rbac").await.expect("namespace");
+    let client = ns.client();
+    let group = format!("{}.lazyquota.test", unique_name("g"));
+    let gizmos = create_crd(&client, &group, "gizmos").await;
+    create_object(&client, &gizmos, ns.name(), "one").await.expect("gizmo");
+    let quotas = ns.api::<ResourceQuota>();
+    let key = format!("count/gizmos.{group}");
+    quotas
+        .create(
+            &PostParams::default(),
+            &quota("rbac", &[(&key, "5"), ("pods", "3"), ("count/configmaps", "9")]),
+        )
+        .await
+        .expect("quota");
+
+    let process = Lazyquota::start(&kubeconfig, CHART_FLAGS);
+    let done = used_becomes(&quotas, "rbac", &key, "1").await;
+    assert!(done.is_some(), "status written with the chart's RBAC; log:\n{}", process.log());
+    used_becomes(&quotas, "rbac", "pods", "0").await.expect("pods computed");
+    assert!(!process.log().contains("forbidden"), "no 403 with the chart's RBAC; log:\n{}", process.log());
+
+    // The same identity may not write what the chart does not grant.
+    let restricted = common::client_from(&kubeconfig).await;
+    let cm = ConfigMap {
+        metadata: ObjectMeta { name: Some("nope".into()), ..ObjectMeta::default() },
+        ..ConfigMap::default()
+    };
+    let err = Api::<ConfigMap>::namespaced(restricted.clone(), ns.name())
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect_err("the chart grants no configmap writes");
+    assert!(matches!(&err, kube::Error::Api(s) if s.code == 403), "{err}");
+    let err = quotas_of(&restricted, ns.name())
+        .delete("rbac", &DeleteParams::default())
+        .await
+        .expect_err("no deletes");
+    assert!(matches!(&err, kube::Error::Api(s) if s.code == 403), "{err}");
+
+    drop(process);
+    common::delete_crd(&client, &group, "gizmos").await;
+    ns.delete().await.expect("delete namespace");
+}
+
+fn quotas_of(client: &kube::Client, namespace: &str) -> Api<ResourceQuota> {
+    Api::namespaced(client.clone(), namespace)
+}
+
+/// A real Prometheus scrapes /metrics; PromQL over its HTTP API returns the active-watch gauge.
+#[tokio::test]
+async fn prometheus_scrapes_the_active_watch_gauge() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cp = ControlPlane::get(Flavor::LazyquotaOnly);
+    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "prom").await.expect("namespace");
+    let quotas = ns.api::<ResourceQuota>();
+    quotas.create(&PostParams::default(), &quota("q", &[("count/secrets", "5")])).await.expect("quota");
+    let process = Lazyquota::start(cp.kubeconfig(), &[]);
+    used_becomes(&quotas, "q", "count/secrets", "0").await.expect("controller running");
+
+    let dir = std::env::temp_dir().join(unique_name("prometheus"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = format!(
+        "global: {{scrape_interval: 1s}}\nscrape_configs:\n- job_name: lazyquota\n  static_configs: [{{targets: ['127.0.0.1:{}']}}]\n",
+        process.port
+    );
+    std::fs::write(dir.join("prometheus.yml"), config).unwrap();
+    let web = free_port();
+    let prometheus = Command::new("prometheus")
+        .args([
+            &format!("--config.file={}", dir.join("prometheus.yml").display()),
+            &format!("--storage.tsdb.path={}", dir.join("data").display()),
+            &format!("--web.listen-address=127.0.0.1:{web}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("prometheus is installed (Debian package prometheus; .ci/run installs it)");
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _prometheus = Kill(prometheus);
+
+    let query = "/api/v1/query?query=lazyquota_active_watches%7Bresource%3D%22secrets%22%7D";
+    let result = eventually(Duration::from_secs(60), || async {
+        let (status, body) = http_get(web, query).await?;
+        let json: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let value = json["data"]["result"][0]["value"][1].as_str()?.to_owned();
+        (status == 200).then_some(value)
+    })
+    .await
+    .expect("Prometheus returns lazyquota_active_watches for secrets");
+    assert_eq!(result, "1", "one namespaced watch on secrets");
+    drop(process);
+    ns.delete().await.expect("delete namespace");
+}
+
+/// Two replicas: one leads and writes; kill it, the other takes over within the lease
+/// duration; they never lead at once; SIGTERM releases the Lease and exits 0.
+#[tokio::test]
+async fn a_standby_takes_over_when_the_leader_dies_and_never_both_lead() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cp = ControlPlane::get(Flavor::LazyquotaOnly);
+    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "failover").await.expect("namespace");
+    let lease_name = unique_name("lease");
+    let flags = |id: &'static str| {
+        vec![
+            "--leader-elect",
+            "--leader-election-namespace",
+            "default",
+            "--leader-election-identity",
+            id,
+            "--leader-election-lease-duration",
+            "4s",
+            "--leader-election-renew-deadline",
+            "3s",
+            "--leader-election-retry-period",
+            "500ms",
+        ]
+    };
+    let with_lease = |mut f: Vec<&'static str>, name: &'static str| {
+        f.extend(["--leader-election-lease-name", name]);
+        f
+    };
+    let name: &'static str = Box::leak(lease_name.clone().into_boxed_str());
+    let a = Lazyquota::start(cp.kubeconfig(), &with_lease(flags("replica-a"), name));
+    let b = Lazyquota::start(cp.kubeconfig(), &with_lease(flags("replica-b"), name));
+
+    let a_leads = eventually(WAIT, || async {
+        match (a.leader().await?, b.leader().await?) {
+            (true, false) => Some(true),
+            (false, true) => Some(false),
+            _ => None,
+        }
+    })
+    .await
+    .expect("one replica leads");
+    let (mut leader, standby, standby_id) = if a_leads { (a, b, "replica-b") } else { (b, a, "replica-a") };
+    // Readiness: the leader after listing quotas, the standby as a standby.
+    let ready = eventually(WAIT, || async { (leader.get("/readyz").await?.0 == 200).then_some(()) }).await;
+    assert!(ready.is_some(), "the leader becomes ready");
+    assert_eq!(standby.get("/readyz").await.map(|r| r.0), Some(200), "a standby is ready");
+    assert_eq!(standby.get("/healthz").await.map(|r| r.0), Some(200));
+
+    // Never both: sample both replicas' leader gauge for a while.
+    for _ in 0..10 {
+        let (x, y) = (leader.leader().await.unwrap_or(false), standby.leader().await.unwrap_or(false));
+        assert!(!(x && y), "two leaders at once");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Kill the leader hard; the standby takes over within the lease duration (+ retries).
+    leader.child.kill().expect("kill leader");
+    let _ = leader.child.wait();
+    let taken = eventually(Duration::from_secs(10), || async { standby.leader().await?.then_some(()) }).await;
+    assert!(taken.is_some(), "the standby leads after the leader died; log:\n{}", standby.log());
+    let leases: Api<Lease> = Api::namespaced(cp.client().await.unwrap(), "default");
+    let lease = leases.get(&lease_name).await.expect("lease");
+    assert_eq!(lease.spec.as_ref().and_then(|s| s.holder_identity.as_deref()), Some(standby_id));
+
+    // The new leader writes.
+    let quotas = ns.api::<ResourceQuota>();
+    quotas
+        .create(&PostParams::default(), &quota("after", &[("count/configmaps", "5")]))
+        .await
+        .expect("quota");
+    used_becomes(&quotas, "after", "count/configmaps", "1").await.expect("the new leader writes");
+
+    // SIGTERM: exits 0 promptly and releases the Lease.
+    let mut b = standby;
+    let pid = b.child.id().to_string();
+    Command::new("kill").args(["-TERM", &pid]).status().expect("kill -TERM");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = b.child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "exits within 15 s of SIGTERM");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(status.success(), "exit status {status}; log:\n{}", b.log());
+    let lease = leases.get(&lease_name).await.expect("lease");
+    assert_eq!(lease.spec.and_then(|s| s.holder_identity), None, "the Lease was released");
+    ns.delete().await.expect("delete namespace");
+}
