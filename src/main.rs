@@ -161,7 +161,9 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let number: u64 = number.parse().map_err(|_| format!("{text:?} is not a duration like 30s, 5m or 1h"))?;
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 30s, 5m or 1h"))?;
     match unit {
         "" | "s" => Ok(Duration::from_secs(number)),
         "ms" => Ok(Duration::from_millis(number)),
@@ -226,7 +228,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
 fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -249,7 +253,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     } = args;
     init_tracing(log_format);
     let client = lazyquota_kube::client::connect(kubeconfig.as_deref(), context.as_deref()).await?;
-    let version = client.apiserver_version().await.context("cannot reach the kube-apiserver")?;
+    let version = client
+        .apiserver_version()
+        .await
+        .context("cannot reach the kube-apiserver")?;
     info!(version = %version.git_version, "connected");
 
     let identity = match &leader.leader_election_identity {
@@ -309,7 +316,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         let name = &leader.leader_election_lease_name;
         let lock = LeaseLock::new(client.clone(), namespace, name, &identity, timing);
         info!(%identity, lease = %name, %namespace, "waiting for the leader lease");
-        run_leader_elected(client, config, metrics, lock, &controller_tx, &standby_tx, stopped).await
+        run_leader_elected(
+            client,
+            config,
+            metrics,
+            lock,
+            &controller_tx,
+            &standby_tx,
+            stopped,
+        )
+        .await
     } else {
         metrics.leader.set(1);
         let (controller, handle) = Controller::new(client, config, metrics);
@@ -367,15 +383,22 @@ async fn shutdown_signal() {
 }
 
 async fn usage(args: UsageArgs) -> anyhow::Result<()> {
-    let UsageArgs { cluster: ClusterArgs { kubeconfig, context }, namespace, output } = args;
+    let UsageArgs {
+        cluster: ClusterArgs { kubeconfig, context },
+        namespace,
+        output,
+    } = args;
     let client = lazyquota_kube::client::connect(kubeconfig.as_deref(), context.as_deref()).await?;
     let report = report::usage(&client, namespace.as_deref(), FeatureGates::default()).await?;
     if output == Output::Json {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
-    let mut rows =
-        vec![["NAMESPACE", "QUOTA", "KEY", "HARD", "USED", "STORED", ""].map(String::from).to_vec()];
+    let mut rows = vec![
+        ["NAMESPACE", "QUOTA", "KEY", "HARD", "USED", "STORED", ""]
+            .map(String::from)
+            .to_vec(),
+    ];
     for quota in &report {
         for key in &quota.keys {
             rows.push(vec![
@@ -385,7 +408,11 @@ async fn usage(args: UsageArgs) -> anyhow::Result<()> {
                 key.hard.clone(),
                 key.computed.clone().unwrap_or_else(|| "-".into()),
                 key.stored.clone().unwrap_or_else(|| "-".into()),
-                if key.differs { "differs".into() } else { String::new() },
+                if key.differs {
+                    "differs".into()
+                } else {
+                    String::new()
+                },
             ]);
         }
     }
@@ -394,17 +421,33 @@ async fn usage(args: UsageArgs) -> anyhow::Result<()> {
 }
 
 async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
-    let ExplainArgs { cluster: ClusterArgs { kubeconfig, context }, namespace_watch_threshold, output } =
-        args;
+    let ExplainArgs {
+        cluster: ClusterArgs { kubeconfig, context },
+        namespace_watch_threshold,
+        output,
+    } = args;
     let client = lazyquota_kube::client::connect(kubeconfig.as_deref(), context.as_deref()).await?;
     let report = report::explain(&client, namespace_watch_threshold, FeatureGates::default()).await?;
     if output == Output::Json {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
-    println!("cluster {}: {} resource type(s) demanded", report.cluster, report.resources.len());
+    println!(
+        "cluster {}: {} resource type(s) demanded",
+        report.cluster,
+        report.resources.len()
+    );
     let mut rows = vec![
-        ["RESOURCE", "VERSION", "WATCH", "SCOPE", "NAMESPACES", "QUOTAS: KEYS"].map(String::from).to_vec(),
+        [
+            "RESOURCE",
+            "VERSION",
+            "WATCH",
+            "SCOPE",
+            "NAMESPACES",
+            "QUOTAS: KEYS",
+        ]
+        .map(String::from)
+        .to_vec(),
     ];
     for r in &report.resources {
         rows.push(vec![
@@ -418,7 +461,11 @@ async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     }
     print_table(&rows);
     for r in report.resources.iter().filter(|r| r.pending.is_some()) {
-        println!("pending {}: {}", r.resource, r.pending.as_deref().unwrap_or_default());
+        println!(
+            "pending {}: {}",
+            r.resource,
+            r.pending.as_deref().unwrap_or_default()
+        );
     }
     for key in &report.always_zero {
         println!("always 0 under its scopes (nothing watched): {key}");
@@ -432,10 +479,20 @@ async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
 fn print_table(rows: &[Vec<String>]) {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
-        .map(|c| rows.iter().filter_map(|r| r.get(c)).map(String::len).max().unwrap_or(0))
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(String::len)
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     for row in rows {
-        let line: Vec<String> = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
         println!("{}", line.join("  ").trim_end());
     }
 }

@@ -54,7 +54,11 @@ impl Admin {
                     "lazyquota_jemalloc_allocated_bytes",
                     "Bytes allocated by the application (jemalloc).",
                 ),
-                gauge(r, "lazyquota_jemalloc_active_bytes", "Bytes in active pages (jemalloc)."),
+                gauge(
+                    r,
+                    "lazyquota_jemalloc_active_bytes",
+                    "Bytes in active pages (jemalloc).",
+                ),
                 gauge(
                     r,
                     "lazyquota_jemalloc_resident_bytes",
@@ -67,16 +71,27 @@ impl Admin {
                 ),
             ],
         };
-        Self { controller, metrics, standby_ready, process }
+        Self {
+            controller,
+            metrics,
+            standby_ready,
+            process,
+        }
     }
 
     fn observe_process(&self) {
         let runtime = tokio::runtime::Handle::current().metrics();
-        self.process.tasks.set(i64::try_from(runtime.num_alive_tasks()).unwrap_or(i64::MAX));
+        self.process
+            .tasks
+            .set(i64::try_from(runtime.num_alive_tasks()).unwrap_or(i64::MAX));
         if let Ok(status) = std::fs::read_to_string("/proc/self/status") {
             for line in status.lines() {
-                let value =
-                    |l: &str| l.split_whitespace().nth(1).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+                let value = |l: &str| {
+                    l.split_whitespace()
+                        .nth(1)
+                        .and_then(|v| v.parse::<i64>().ok())
+                        .unwrap_or(0)
+                };
                 if line.starts_with("VmRSS:") {
                     self.process.rss.set(value(line) * 1024);
                 } else if line.starts_with("Threads:") {
@@ -85,7 +100,9 @@ impl Admin {
             }
         }
         if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
-            self.process.fds.set(i64::try_from(fds.count()).unwrap_or(i64::MAX));
+            self.process
+                .fds
+                .set(i64::try_from(fds.count()).unwrap_or(i64::MAX));
         }
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
         {
@@ -125,7 +142,10 @@ async fn readyz(State(admin): State<Admin>) -> (StatusCode, &'static str) {
             None => (StatusCode::SERVICE_UNAVAILABLE, "not ready: controller stopped\n"),
         },
         None if *admin.standby_ready.borrow() => (StatusCode::OK, "ok: standby\n"),
-        None => (StatusCode::SERVICE_UNAVAILABLE, "not ready: waiting for the lease\n"),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: waiting for the lease\n",
+        ),
     }
 }
 

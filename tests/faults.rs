@@ -53,25 +53,39 @@ subjects: [{{kind: ServiceAccount, name: {name}, namespace: {namespace}}}]
 #[tokio::test]
 async fn a_forbidden_resource_type_withholds_only_its_own_keys() {
     let cp = ControlPlane::get(Flavor::LazyquotaOnly);
-    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "forbidden").await.expect("namespace");
+    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "forbidden")
+        .await
+        .expect("namespace");
     let account = unique_name("restricted");
     let applied = kubectl_apply(cp, &restricted_rbac(ns.name(), &account));
-    assert!(applied.status.success(), "{}", String::from_utf8_lossy(&applied.stderr));
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
     let kubeconfig = service_account_kubeconfig(cp, ns.name(), &account).await;
     let controller = controller_as(Flavor::LazyquotaOnly, test_config(), Some(kubeconfig));
 
     let client = ns.client();
     let group = format!("{}.lazyquota.test", unique_name("g"));
     let things = create_crd(&client, &group, "things").await;
-    create_object(&client, &things, ns.name(), "t1").await.expect("a thing");
+    create_object(&client, &things, ns.name(), "t1")
+        .await
+        .expect("a thing");
     let forbidden_key = format!("count/things.{group}");
     let quotas = ns.api::<ResourceQuota>();
     quotas
-        .create(&PostParams::default(), &quota("mixed", &[(&forbidden_key, "5"), ("count/configmaps", "5")]))
+        .create(
+            &PostParams::default(),
+            &quota("mixed", &[(&forbidden_key, "5"), ("count/configmaps", "5")]),
+        )
         .await
         .expect("mixed quota");
     quotas
-        .create(&PostParams::default(), &quota("plain", &[("count/configmaps", "5")]))
+        .create(
+            &PostParams::default(),
+            &quota("plain", &[("count/configmaps", "5")]),
+        )
         .await
         .expect("plain quota");
 
@@ -79,10 +93,14 @@ async fn a_forbidden_resource_type_withholds_only_its_own_keys() {
     used_becomes(&quotas, "mixed", "count/configmaps", "1")
         .await
         .expect("configmaps computed despite the 403");
-    used_becomes(&quotas, "plain", "count/configmaps", "1").await.expect("the other quota is unaffected");
+    used_becomes(&quotas, "plain", "count/configmaps", "1")
+        .await
+        .expect("the other quota is unaffected");
     let q = quotas.get("mixed").await.expect("quota");
     assert!(
-        !q.status.and_then(|s| s.used).is_some_and(|u| u.contains_key(&forbidden_key)),
+        !q.status
+            .and_then(|s| s.used)
+            .is_some_and(|u| u.contains_key(&forbidden_key)),
         "forbidden key not computed"
     );
 
@@ -100,7 +118,10 @@ async fn a_forbidden_resource_type_withholds_only_its_own_keys() {
             .then_some(())
     })
     .await;
-    assert!(failing.is_some(), "the watch on things.{group} is reported failing with reason forbidden");
+    assert!(
+        failing.is_some(),
+        "the watch on things.{group} is reported failing with reason forbidden"
+    );
     let events = ns.api::<Event>();
     let event = eventually(WAIT, || async {
         let list = events.list(&ListParams::default()).await.ok()?;
@@ -112,17 +133,31 @@ async fn a_forbidden_resource_type_withholds_only_its_own_keys() {
     .await
     .expect("a ResourceUnavailable Event on the quota");
     let note = event.note.unwrap_or_default();
-    assert!(note.contains(&format!("things.{group}")) && note.contains("forbidden"), "{note}");
+    assert!(
+        note.contains(&format!("things.{group}")) && note.contains("forbidden"),
+        "{note}"
+    );
     assert_eq!(event.type_.as_deref(), Some("Warning"));
 
     // Replenishment keeps working for the allowed key.
     let cm = ConfigMap {
-        metadata: ObjectMeta { name: Some("more".into()), ..ObjectMeta::default() },
+        metadata: ObjectMeta {
+            name: Some("more".into()),
+            ..ObjectMeta::default()
+        },
         ..ConfigMap::default()
     };
-    ns.api::<ConfigMap>().create(&PostParams::default(), &cm).await.expect("configmap");
-    ns.api::<ConfigMap>().delete("more", &Default::default()).await.expect("delete configmap");
-    used_becomes(&quotas, "mixed", "count/configmaps", "1").await.expect("still current after a delete");
+    ns.api::<ConfigMap>()
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("configmap");
+    ns.api::<ConfigMap>()
+        .delete("more", &Default::default())
+        .await
+        .expect("delete configmap");
+    used_becomes(&quotas, "mixed", "count/configmaps", "1")
+        .await
+        .expect("still current after a delete");
 
     delete_crd(&client, &group, "things").await;
     ns.delete().await.expect("delete namespace");

@@ -82,7 +82,11 @@ impl Drop for Lazyquota {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
 }
 
 /// A minimal HTTP/1.1 GET on loopback (the test needs no HTTP client crate for this).
@@ -92,18 +96,26 @@ async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.ok()?;
     let mut response = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut response)).await.ok()?.ok()?;
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut response))
+        .await
+        .ok()?
+        .ok()?;
     let text = String::from_utf8_lossy(&response).into_owned();
     let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
     Some((status, body))
 }
 
 /// Applies the plain manifests rendered from the chart (namespace `lazyquota`).
 fn apply_chart(cp: &ControlPlane) {
-    let manifests =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/manifests/lazyquota.yaml"))
-            .expect("rendered manifests");
+    let manifests = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/manifests/lazyquota.yaml"
+    ))
+    .expect("rendered manifests");
     let out = kubectl_apply(cp, &manifests);
     assert!(
         out.status.success(),
@@ -134,11 +146,15 @@ async fn the_charts_service_account_does_the_whole_job_and_no_more() {
     let cp = ControlPlane::get(Flavor::LazyquotaOnly);
     apply_chart(cp);
     let kubeconfig = service_account_kubeconfig(cp, "lazyquota", "lazyquota").await;
-    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "chart-rbac").await.expect("namespace");
+    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "chart-rbac")
+        .await
+        .expect("namespace");
     let client = ns.client();
     let group = format!("{}.lazyquota.test", unique_name("g"));
     let gizmos = create_crd(&client, &group, "gizmos").await;
-    create_object(&client, &gizmos, ns.name(), "one").await.expect("gizmo");
+    create_object(&client, &gizmos, ns.name(), "one")
+        .await
+        .expect("gizmo");
     let quotas = ns.api::<ResourceQuota>();
     let key = format!("count/gizmos.{group}");
     quotas
@@ -151,14 +167,27 @@ async fn the_charts_service_account_does_the_whole_job_and_no_more() {
 
     let process = Lazyquota::start(&kubeconfig, CHART_FLAGS);
     let done = used_becomes(&quotas, "rbac", &key, "1").await;
-    assert!(done.is_some(), "status written with the chart's RBAC; log:\n{}", process.log());
-    used_becomes(&quotas, "rbac", "pods", "0").await.expect("pods computed");
-    assert!(!process.log().contains("forbidden"), "no 403 with the chart's RBAC; log:\n{}", process.log());
+    assert!(
+        done.is_some(),
+        "status written with the chart's RBAC; log:\n{}",
+        process.log()
+    );
+    used_becomes(&quotas, "rbac", "pods", "0")
+        .await
+        .expect("pods computed");
+    assert!(
+        !process.log().contains("forbidden"),
+        "no 403 with the chart's RBAC; log:\n{}",
+        process.log()
+    );
 
     // The same identity may not write what the chart does not grant.
     let restricted = common::client_from(&kubeconfig).await;
     let cm = ConfigMap {
-        metadata: ObjectMeta { name: Some("nope".into()), ..ObjectMeta::default() },
+        metadata: ObjectMeta {
+            name: Some("nope".into()),
+            ..ObjectMeta::default()
+        },
         ..ConfigMap::default()
     };
     let err = Api::<ConfigMap>::namespaced(restricted.clone(), ns.name())
@@ -186,11 +215,18 @@ fn quotas_of(client: &kube::Client, namespace: &str) -> Api<ResourceQuota> {
 async fn prometheus_scrapes_the_active_watch_gauge() {
     let _one = ONE_AT_A_TIME.lock().await;
     let cp = ControlPlane::get(Flavor::LazyquotaOnly);
-    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "prom").await.expect("namespace");
+    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "prom")
+        .await
+        .expect("namespace");
     let quotas = ns.api::<ResourceQuota>();
-    quotas.create(&PostParams::default(), &quota("q", &[("count/secrets", "5")])).await.expect("quota");
+    quotas
+        .create(&PostParams::default(), &quota("q", &[("count/secrets", "5")]))
+        .await
+        .expect("quota");
     let process = Lazyquota::start(cp.kubeconfig(), &[]);
-    used_becomes(&quotas, "q", "count/secrets", "0").await.expect("controller running");
+    used_becomes(&quotas, "q", "count/secrets", "0")
+        .await
+        .expect("controller running");
 
     let dir = std::env::temp_dir().join(unique_name("prometheus"));
     std::fs::create_dir_all(&dir).unwrap();
@@ -239,7 +275,9 @@ async fn prometheus_scrapes_the_active_watch_gauge() {
 async fn a_standby_takes_over_when_the_leader_dies_and_never_both_lead() {
     let _one = ONE_AT_A_TIME.lock().await;
     let cp = ControlPlane::get(Flavor::LazyquotaOnly);
-    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "failover").await.expect("namespace");
+    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "failover")
+        .await
+        .expect("namespace");
     let lease_name = unique_name("lease");
     let flags = |id: &'static str| {
         vec![
@@ -273,16 +311,30 @@ async fn a_standby_takes_over_when_the_leader_dies_and_never_both_lead() {
     })
     .await
     .expect("one replica leads");
-    let (mut leader, standby, standby_id) = if a_leads { (a, b, "replica-b") } else { (b, a, "replica-a") };
+    let (mut leader, standby, standby_id) = if a_leads {
+        (a, b, "replica-b")
+    } else {
+        (b, a, "replica-a")
+    };
     // Readiness: the leader after listing quotas, the standby as a standby.
-    let ready = eventually(WAIT, || async { (leader.get("/readyz").await?.0 == 200).then_some(()) }).await;
+    let ready = eventually(WAIT, || async {
+        (leader.get("/readyz").await?.0 == 200).then_some(())
+    })
+    .await;
     assert!(ready.is_some(), "the leader becomes ready");
-    assert_eq!(standby.get("/readyz").await.map(|r| r.0), Some(200), "a standby is ready");
+    assert_eq!(
+        standby.get("/readyz").await.map(|r| r.0),
+        Some(200),
+        "a standby is ready"
+    );
     assert_eq!(standby.get("/healthz").await.map(|r| r.0), Some(200));
 
     // Never both: sample both replicas' leader gauge for a while.
     for _ in 0..10 {
-        let (x, y) = (leader.leader().await.unwrap_or(false), standby.leader().await.unwrap_or(false));
+        let (x, y) = (
+            leader.leader().await.unwrap_or(false),
+            standby.leader().await.unwrap_or(false),
+        );
         assert!(!(x && y), "two leaders at once");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -290,34 +342,59 @@ async fn a_standby_takes_over_when_the_leader_dies_and_never_both_lead() {
     // Kill the leader hard; the standby takes over within the lease duration (+ retries).
     leader.child.kill().expect("kill leader");
     let _ = leader.child.wait();
-    let taken = eventually(Duration::from_secs(10), || async { standby.leader().await?.then_some(()) }).await;
-    assert!(taken.is_some(), "the standby leads after the leader died; log:\n{}", standby.log());
+    let taken = eventually(Duration::from_secs(10), || async {
+        standby.leader().await?.then_some(())
+    })
+    .await;
+    assert!(
+        taken.is_some(),
+        "the standby leads after the leader died; log:\n{}",
+        standby.log()
+    );
     let leases: Api<Lease> = Api::namespaced(cp.client().await.unwrap(), "default");
     let lease = leases.get(&lease_name).await.expect("lease");
-    assert_eq!(lease.spec.as_ref().and_then(|s| s.holder_identity.as_deref()), Some(standby_id));
+    assert_eq!(
+        lease.spec.as_ref().and_then(|s| s.holder_identity.as_deref()),
+        Some(standby_id)
+    );
 
     // The new leader writes.
     let quotas = ns.api::<ResourceQuota>();
     quotas
-        .create(&PostParams::default(), &quota("after", &[("count/configmaps", "5")]))
+        .create(
+            &PostParams::default(),
+            &quota("after", &[("count/configmaps", "5")]),
+        )
         .await
         .expect("quota");
-    used_becomes(&quotas, "after", "count/configmaps", "1").await.expect("the new leader writes");
+    used_becomes(&quotas, "after", "count/configmaps", "1")
+        .await
+        .expect("the new leader writes");
 
     // SIGTERM: exits 0 promptly and releases the Lease.
     let mut b = standby;
     let pid = b.child.id().to_string();
-    Command::new("kill").args(["-TERM", &pid]).status().expect("kill -TERM");
+    Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill -TERM");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     let status = loop {
         if let Some(status) = b.child.try_wait().expect("wait") {
             break status;
         }
-        assert!(tokio::time::Instant::now() < deadline, "exits within 15 s of SIGTERM");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "exits within 15 s of SIGTERM"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert!(status.success(), "exit status {status}; log:\n{}", b.log());
     let lease = leases.get(&lease_name).await.expect("lease");
-    assert_eq!(lease.spec.and_then(|s| s.holder_identity), None, "the Lease was released");
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity),
+        None,
+        "the Lease was released"
+    );
     ns.delete().await.expect("delete namespace");
 }

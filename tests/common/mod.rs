@@ -67,15 +67,25 @@ pub fn controller_as(
 /// Fast settings for tests: a short discovery poll; the periodic resync is left at its
 /// default so tests see event-driven behaviour, not resyncs.
 pub fn test_config() -> Config {
-    Config { discovery_poll: Duration::from_secs(30), ..Config::default() }
+    Config {
+        discovery_poll: Duration::from_secs(30),
+        ..Config::default()
+    }
 }
 
 /// A quota with `hard`.
 pub fn quota(name: &str, hard: &[(&str, &str)]) -> ResourceQuota {
     ResourceQuota {
-        metadata: ObjectMeta { name: Some(name.into()), ..ObjectMeta::default() },
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
         spec: Some(k8s_openapi::api::core::v1::ResourceQuotaSpec {
-            hard: Some(hard.iter().map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned()))).collect()),
+            hard: Some(
+                hard.iter()
+                    .map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned())))
+                    .collect(),
+            ),
             ..Default::default()
         }),
         ..ResourceQuota::default()
@@ -115,12 +125,17 @@ pub async fn create_crd(client: &Client, group: &str, plural: &str) -> ApiResour
     }))
     .expect("valid CRD");
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.create(&PostParams::default(), &crd).await.expect("create CRD");
+    crds.create(&PostParams::default(), &crd)
+        .await
+        .expect("create CRD");
     let name = format!("{plural}.{group}");
     eventually(Duration::from_secs(30), || async {
         let crd = crds.get(&name).await.ok()?;
-        let established =
-            crd.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True");
+        let established = crd
+            .status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
         established.then_some(())
     })
     .await
@@ -137,7 +152,9 @@ pub async fn create_crd(client: &Client, group: &str, plural: &str) -> ApiResour
 /// Deletes a CRD (and with it all its objects).
 pub async fn delete_crd(client: &Client, group: &str, plural: &str) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let _ = crds.delete(&format!("{plural}.{group}"), &DeleteParams::default()).await;
+    let _ = crds
+        .delete(&format!("{plural}.{group}"), &DeleteParams::default())
+        .await;
 }
 
 /// Creates an object of a CRD.
@@ -155,7 +172,9 @@ pub async fn create_object(
 /// Deletes an object of a CRD.
 pub async fn delete_object(client: &Client, resource: &ApiResource, namespace: &str, name: &str) {
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, resource);
-    api.delete(name, &DeleteParams::default()).await.expect("delete object");
+    api.delete(name, &DeleteParams::default())
+        .await
+        .expect("delete object");
 }
 
 /// Open watches the kube-apiserver itself reports for a resource
@@ -176,13 +195,19 @@ pub async fn apiserver_watches(cp: &ControlPlane, group: &str, resource: &str) -
 /// Whether the controller has a synced watch for `<resource>.<group>` (`count/` name form).
 pub async fn has_synced_watch(controller: &SnapshotHandle, count_name: &str) -> bool {
     let snapshot = controller.get().await.expect("controller running");
-    snapshot.watches.iter().any(|w| w.key.resource.object_count_name() == count_name && w.synced)
+    snapshot
+        .watches
+        .iter()
+        .any(|w| w.key.resource.object_count_name() == count_name && w.synced)
 }
 
 /// Whether the controller has any watch for the resource.
 pub async fn has_watch(controller: &SnapshotHandle, count_name: &str) -> bool {
     let snapshot = controller.get().await.expect("controller running");
-    snapshot.watches.iter().any(|w| w.key.resource.object_count_name() == count_name)
+    snapshot
+        .watches
+        .iter()
+        .any(|w| w.key.resource.object_count_name() == count_name)
 }
 
 /// A kubeconfig file for ServiceAccount `namespace/name`, with a token from the TokenRequest
@@ -199,7 +224,10 @@ pub async fn service_account_kubeconfig(
     let client = cp.client().await.expect("admin client");
     let accounts: Api<ServiceAccount> = Api::namespaced(client, namespace);
     let request = TokenRequest {
-        spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..TokenRequestSpec::default() }),
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        }),
         ..TokenRequest::default()
     };
     let token: TokenRequest = accounts
@@ -207,7 +235,11 @@ pub async fn service_account_kubeconfig(
         .await
         .expect("TokenRequest");
     let token = token.status.and_then(|s| s.token).expect("token issued");
-    let facts = |k: &str| cp.fact(k).unwrap_or_else(|| panic!("control plane fact {k}")).to_owned();
+    let facts = |k: &str| {
+        cp.fact(k)
+            .unwrap_or_else(|| panic!("control plane fact {k}"))
+            .to_owned()
+    };
     let kubeconfig = format!(
         "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: '{}', certificate-authority: '{}'}}}}]\n\
          users: [{{name: {name}, user: {{token: '{token}'}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: {name}}}}}]\n\
@@ -222,16 +254,28 @@ pub async fn service_account_kubeconfig(
 
 /// A client from a kubeconfig file.
 pub async fn client_from(kubeconfig: &std::path::Path) -> Client {
-    lazyquota_kube::client::connect(Some(kubeconfig), None).await.expect("client from kubeconfig")
+    lazyquota_kube::client::connect(Some(kubeconfig), None)
+        .await
+        .expect("client from kubeconfig")
 }
 
 /// Applies a YAML document (one or more objects, `---` separated) with kubectl's server-side
 /// apply, as an administrator.
 pub fn kubectl_apply(cp: &ControlPlane, yaml: &str) -> std::process::Output {
     use std::io::Write as _;
-    let kubectl = format!("{}/kubectl", cp.fact("LAZYQUOTA_CP_BIN").expect("control plane binaries"));
+    let kubectl = format!(
+        "{}/kubectl",
+        cp.fact("LAZYQUOTA_CP_BIN").expect("control plane binaries")
+    );
     let mut child = std::process::Command::new(kubectl)
-        .args(["--kubeconfig", cp.kubeconfig().to_str().unwrap(), "apply", "--server-side", "-f", "-"])
+        .args([
+            "--kubeconfig",
+            cp.kubeconfig().to_str().unwrap(),
+            "apply",
+            "--server-side",
+            "-f",
+            "-",
+        ])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

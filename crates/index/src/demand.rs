@@ -86,9 +86,17 @@ mod tests {
                 "count/persistentvolumeclaims",
                 Need::Typed,
             ),
-            ("persistentvolumeclaims", "count/persistentvolumeclaims", Need::Count),
+            (
+                "persistentvolumeclaims",
+                "count/persistentvolumeclaims",
+                Need::Count,
+            ),
             ("configmaps", "count/configmaps", Need::Count),
-            ("count/widgets.example.io", "count/widgets.example.io", Need::Count),
+            (
+                "count/widgets.example.io",
+                "count/widgets.example.io",
+                Need::Count,
+            ),
             ("count/deployments.apps", "count/deployments.apps", Need::Count),
         ];
         for (key, resource, need) in rows {
@@ -98,24 +106,45 @@ mod tests {
 
     #[test]
     fn unmatched_keys_demand_nothing() {
-        for key in ["limits.nvidia.com/gpu", "limits.hugepages-2Mi", "foo", "count/events"] {
+        for key in [
+            "limits.nvidia.com/gpu",
+            "limits.hugepages-2Mi",
+            "foo",
+            "count/events",
+        ] {
             assert_eq!(one(key, &[]), None, "key {key}");
         }
     }
 
     #[test]
     fn scopes_that_exclude_every_object_demand_no_watch() {
-        assert_eq!(one("count/widgets.example.io", &["BestEffort"]), None, "count/* under a scope is 0");
+        assert_eq!(
+            one("count/widgets.example.io", &["BestEffort"]),
+            None,
+            "count/* under a scope is 0"
+        );
         assert_eq!(one("services", &["Terminating"]), None, "services match no scope");
-        assert_eq!(one("pods", &["BestEffort"]), Some(("count/pods".into(), Need::Typed)));
-        assert_eq!(one("count/pods", &["NotTerminating"]), Some(("count/pods".into(), Need::Typed)));
+        assert_eq!(
+            one("pods", &["BestEffort"]),
+            Some(("count/pods".into(), Need::Typed))
+        );
+        assert_eq!(
+            one("count/pods", &["NotTerminating"]),
+            Some(("count/pods".into(), Need::Typed))
+        );
     }
 
     #[test]
     fn replenishment_follows_every_matching_evaluator() {
         let gates = FeatureGates::default();
-        assert_eq!(replenished_by("configmaps", gates), vec![GroupResource::core("configmaps")]);
-        assert_eq!(replenished_by("requests.cpu", gates), vec![GroupResource::core("pods")]);
+        assert_eq!(
+            replenished_by("configmaps", gates),
+            vec![GroupResource::core("configmaps")]
+        );
+        assert_eq!(
+            replenished_by("requests.cpu", gates),
+            vec![GroupResource::core("pods")]
+        );
         assert!(replenished_by("limits.nvidia.com/gpu", gates).is_empty());
     }
 }

@@ -207,9 +207,17 @@ impl Engine {
                     || old.payload.spec.scopes != state.spec.scopes
             }
         };
-        let problems = if recompute { state.spec.problems.clone() } else { Vec::new() };
+        let problems = if recompute {
+            state.spec.problems.clone()
+        } else {
+            Vec::new()
+        };
         let changes = self.index.apply(key, &policy, state);
-        QuotaUpdate { changes, recompute, problems }
+        QuotaUpdate {
+            changes,
+            recompute,
+            problems,
+        }
     }
 
     /// Removes a quota.
@@ -239,7 +247,9 @@ impl Engine {
             let status = written.status.as_ref();
             state.status_hard = status.and_then(|s| s.hard.clone());
             state.status_used = status.and_then(|s| s.used.clone());
-            state.resource_version.clone_from(&written.metadata.resource_version);
+            state
+                .resource_version
+                .clone_from(&written.metadata.resource_version);
         }
     }
 
@@ -255,7 +265,10 @@ impl Engine {
         failed_groups: &[String],
     ) -> Vec<ResolverChange> {
         let changes = self.resolver.replace(cluster, served, failed_groups);
-        let registry = self.registries.entry(cluster.clone()).or_insert_with(|| Registry::new(self.gates));
+        let registry = self
+            .registries
+            .entry(cluster.clone())
+            .or_insert_with(|| Registry::new(self.gates));
         for served in self.resolver.quotable(cluster) {
             registry.add_discovered(served.resource.clone());
         }
@@ -351,13 +364,21 @@ impl Engine {
                 return Applied::Malformed(format!("{object:?} does not belong in the {kind:?} store"));
             }
         };
-        if replenish { Applied::Replenish } else { Applied::Stored }
+        if replenish {
+            Applied::Replenish
+        } else {
+            Applied::Stored
+        }
     }
 
     /// A deleted object: upstream always replenishes on delete.
     pub fn delete(&mut self, kind: StoreKind, p: &PartitionKey, id: u64) -> Applied {
         let removed = with_store!(self, kind, |s| !matches!(s.delete(p, id), Change::None));
-        if removed { Applied::Replenish } else { Applied::NotHeld }
+        if removed {
+            Applied::Replenish
+        } else {
+            Applied::NotHeld
+        }
     }
 
     /// Namespaces held for (cluster, resource) in a store.
@@ -369,18 +390,34 @@ impl Engine {
     ) -> Vec<PartitionKey> {
         let matches = |p: &&PartitionKey| &p.cluster == cluster && &p.resource == resource;
         match kind {
-            StoreKind::Counts => {
-                self.counts.partition_stats().map(|(p, _, _)| p).filter(matches).cloned().collect()
-            }
-            StoreKind::Pods => {
-                self.pods.partition_stats().map(|(p, _, _)| p).filter(matches).cloned().collect()
-            }
-            StoreKind::Services => {
-                self.services.partition_stats().map(|(p, _, _)| p).filter(matches).cloned().collect()
-            }
-            StoreKind::Pvcs => {
-                self.pvcs.partition_stats().map(|(p, _, _)| p).filter(matches).cloned().collect()
-            }
+            StoreKind::Counts => self
+                .counts
+                .partition_stats()
+                .map(|(p, _, _)| p)
+                .filter(matches)
+                .cloned()
+                .collect(),
+            StoreKind::Pods => self
+                .pods
+                .partition_stats()
+                .map(|(p, _, _)| p)
+                .filter(matches)
+                .cloned()
+                .collect(),
+            StoreKind::Services => self
+                .services
+                .partition_stats()
+                .map(|(p, _, _)| p)
+                .filter(matches)
+                .cloned()
+                .collect(),
+            StoreKind::Pvcs => self
+                .pvcs
+                .partition_stats()
+                .map(|(p, _, _)| p)
+                .filter(matches)
+                .cloned()
+                .collect(),
         }
     }
 
@@ -422,13 +459,23 @@ impl Engine {
             .iter()
             .map(|(evaluator, keys)| {
                 let need = entry.demands().get(&evaluator.group_resource()).copied();
-                let used =
-                    self.evaluate(key, need, evaluator, keys, &state.spec.scopes, now, &mut scope_errors);
+                let used = self.evaluate(
+                    key,
+                    need,
+                    evaluator,
+                    keys,
+                    &state.spec.scopes,
+                    now,
+                    &mut scope_errors,
+                );
                 (evaluator.clone(), used)
             })
             .collect();
-        let unsynced =
-            results.iter().filter(|(_, r)| r.is_none()).map(|(e, _)| e.group_resource()).collect::<Vec<_>>();
+        let unsynced = results
+            .iter()
+            .filter(|(_, r)| r.is_none())
+            .map(|(e, _)| e.group_resource())
+            .collect::<Vec<_>>();
         let used = plan.merge(&results);
         let decision = assemble_status(
             state.spec_hard.as_ref(),
@@ -436,7 +483,11 @@ impl Engine {
             state.status_used.as_ref(),
             &used,
         );
-        Some(Computed { decision, unsynced, scope_errors })
+        Some(Computed {
+            decision,
+            unsynced,
+            scope_errors,
+        })
     }
 
     /// One evaluator's usage in the quota's namespace, or `None` if it cannot be computed now
@@ -481,9 +532,11 @@ impl Engine {
             (Some(Need::Typed), Evaluator::PersistentVolumeClaims) => {
                 typed_usage(&self.pvcs, &p, keys, scopes, now, gates, scope_errors)
             }
-            (Some(Need::Typed), Evaluator::ObjectCount(_)) => {
-                Some(calculate_object_count_usage(keys, scopes, synced_len(&self.counts, &p)? as u64))
-            }
+            (Some(Need::Typed), Evaluator::ObjectCount(_)) => Some(calculate_object_count_usage(
+                keys,
+                scopes,
+                synced_len(&self.counts, &p)? as u64,
+            )),
         }
     }
 }
@@ -501,7 +554,10 @@ pub struct Computed {
 }
 
 fn synced_len<P: HeapSize>(store: &UsageStore<P>, p: &PartitionKey) -> Option<usize> {
-    store.partition(p).filter(|x| x.is_synced()).map(|x| x.objects().len())
+    store
+        .partition(p)
+        .filter(|x| x.is_synced())
+        .map(|x| x.objects().len())
 }
 
 fn typed_usage<P: HeapSize + QuotaObject>(
@@ -525,7 +581,10 @@ fn typed_usage<P: HeapSize + QuotaObject>(
 
 /// Value equality of two quantities (`Cmp`), string equality for unparsable ones.
 pub fn same_value(a: &K8sQuantity, b: &K8sQuantity) -> bool {
-    match (lazyquota_quota::Quantity::parse_k8s(a), lazyquota_quota::Quantity::parse_k8s(b)) {
+    match (
+        lazyquota_quota::Quantity::parse_k8s(a),
+        lazyquota_quota::Quantity::parse_k8s(b),
+    ) {
         (Ok(a), Ok(b)) => a == b,
         _ => a.0 == b.0,
     }
@@ -549,10 +608,15 @@ mod tests {
 
     fn quota(hard: &[(&str, &str)], used: Option<&[(&str, &str)]>) -> ResourceQuota {
         let list = |kv: &[(&str, &str)]| {
-            kv.iter().map(|(k, v)| ((*k).to_owned(), K8sQuantity((*v).to_owned()))).collect()
+            kv.iter()
+                .map(|(k, v)| ((*k).to_owned(), K8sQuantity((*v).to_owned())))
+                .collect()
         };
         ResourceQuota {
-            spec: Some(ResourceQuotaSpec { hard: Some(list(hard)), ..ResourceQuotaSpec::default() }),
+            spec: Some(ResourceQuotaSpec {
+                hard: Some(list(hard)),
+                ..ResourceQuotaSpec::default()
+            }),
             status: used.map(|u| k8s_openapi::api::core::v1::ResourceQuotaStatus {
                 hard: Some(list(hard)),
                 used: Some(list(u)),
@@ -579,7 +643,11 @@ mod tests {
         engine.discovered(&cluster, vec![served("configmaps"), served("secrets")], &[]);
         let key = QuotaKey::new(&cluster, "ns", "q");
         let q = quota(
-            &[("configmaps", "10"), ("secrets", "10"), ("limits.example.com/gpu", "1")],
+            &[
+                ("configmaps", "10"),
+                ("secrets", "10"),
+                ("limits.example.com/gpu", "1"),
+            ],
             Some(&[("secrets", "7")]),
         );
         let update = engine.apply_quota(key.clone(), &q);
@@ -593,10 +661,15 @@ mod tests {
         engine.hold(StoreKind::Counts, cm.clone());
         engine.begin_relist(StoreKind::Counts, &cm);
         for name in ["a", "b", "c"] {
-            assert_eq!(engine.relist_apply(StoreKind::Counts, &cm, object_id(name), Projected::Meta), None);
+            assert_eq!(
+                engine.relist_apply(StoreKind::Counts, &cm, object_id(name), Projected::Meta),
+                None
+            );
         }
         engine.finish_relist(StoreKind::Counts, &cm);
-        let computed = engine.compute(&key, Time::from_unix_seconds(0)).expect("known quota");
+        let computed = engine
+            .compute(&key, Time::from_unix_seconds(0))
+            .expect("known quota");
         let used = computed.decision.used;
         assert_eq!(used.get("configmaps").map(|q| q.0.as_str()), Some("3"));
         assert_eq!(
@@ -604,17 +677,27 @@ mod tests {
             Some("7"),
             "secrets are not synced: previous value"
         );
-        assert!(!used.contains_key("limits.example.com/gpu"), "unmatched keys stay absent");
+        assert!(
+            !used.contains_key("limits.example.com/gpu"),
+            "unmatched keys stay absent"
+        );
         assert_eq!(computed.unsynced, vec![GroupResource::core("secrets")]);
         assert!(computed.decision.dirty);
 
-        assert_eq!(engine.delete(StoreKind::Counts, &cm, object_id("a")), Applied::Replenish);
+        assert_eq!(
+            engine.delete(StoreKind::Counts, &cm, object_id("a")),
+            Applied::Replenish
+        );
         assert_eq!(
             engine.delete(StoreKind::Counts, &cm, object_id("a")),
             Applied::NotHeld,
             "deleted once only"
         );
-        let used = engine.compute(&key, Time::from_unix_seconds(0)).unwrap().decision.used;
+        let used = engine
+            .compute(&key, Time::from_unix_seconds(0))
+            .unwrap()
+            .decision
+            .used;
         assert_eq!(used.get("configmaps").map(|q| q.0.as_str()), Some("2"));
     }
 
@@ -623,13 +706,27 @@ mod tests {
         let cluster = ClusterName::new("c");
         let mut engine = Engine::new(FeatureGates::default());
         let key = QuotaKey::new(&cluster, "ns", "q");
-        assert!(engine.apply_quota(key.clone(), &quota(&[("pods", "1")], None)).recompute);
-        assert!(!engine.apply_quota(key.clone(), &quota(&[("pods", "1")], Some(&[("pods", "0")]))).recompute);
         assert!(
-            !engine.apply_quota(key.clone(), &quota(&[("pods", "1000m")], Some(&[("pods", "0")]))).recompute,
+            engine
+                .apply_quota(key.clone(), &quota(&[("pods", "1")], None))
+                .recompute
+        );
+        assert!(
+            !engine
+                .apply_quota(key.clone(), &quota(&[("pods", "1")], Some(&[("pods", "0")])))
+                .recompute
+        );
+        assert!(
+            !engine
+                .apply_quota(key.clone(), &quota(&[("pods", "1000m")], Some(&[("pods", "0")])))
+                .recompute,
             "same value"
         );
-        assert!(engine.apply_quota(key.clone(), &quota(&[("pods", "2")], Some(&[("pods", "0")]))).recompute);
+        assert!(
+            engine
+                .apply_quota(key.clone(), &quota(&[("pods", "2")], Some(&[("pods", "0")])))
+                .recompute
+        );
         let mut scoped = quota(&[("pods", "2")], Some(&[("pods", "0")]));
         scoped.spec.as_mut().unwrap().scopes = Some(vec!["BestEffort".into()]);
         assert!(engine.apply_quota(key, &scoped).recompute);

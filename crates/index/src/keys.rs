@@ -42,7 +42,11 @@ pub struct QuotaKey {
 impl QuotaKey {
     /// A key from its parts.
     pub fn new(cluster: &ClusterName, namespace: &str, name: &str) -> Self {
-        Self { cluster: cluster.clone(), namespace: Arc::from(namespace), name: Arc::from(name) }
+        Self {
+            cluster: cluster.clone(),
+            namespace: Arc::from(namespace),
+            name: Arc::from(name),
+        }
     }
 }
 

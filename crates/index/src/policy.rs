@@ -108,7 +108,11 @@ pub struct PolicyIndex<T> {
 impl<T> PolicyIndex<T> {
     /// An empty index; `gates` decide which evaluators match which keys, as in the target KCM.
     pub fn new(gates: FeatureGates) -> Self {
-        Self { gates, quotas: HashMap::new(), demand: BTreeMap::new() }
+        Self {
+            gates,
+            quotas: HashMap::new(),
+            demand: BTreeMap::new(),
+        }
     }
 
     /// Adds or replaces a quota; returns the demand changes.
@@ -120,13 +124,23 @@ impl<T> PolicyIndex<T> {
                 *slot = (*slot).max(need);
             }
         }
-        let status_resources =
-            policy.status_hard.iter().flat_map(|k| replenished_by(k, self.gates)).collect();
+        let status_resources = policy
+            .status_hard
+            .iter()
+            .flat_map(|k| replenished_by(k, self.gates))
+            .collect();
         let old = self.quotas.remove(&key);
         let mut changes = Vec::new();
         let old_demands = old.map(|e| e.demands).unwrap_or_default();
         self.adjust(&key, &old_demands, &demands, &mut changes);
-        self.quotas.insert(key, QuotaEntry { status_resources, demands, payload });
+        self.quotas.insert(
+            key,
+            QuotaEntry {
+                status_resources,
+                demands,
+                payload,
+            },
+        );
         changes
     }
 
@@ -147,7 +161,12 @@ impl<T> PolicyIndex<T> {
         quotas: impl IntoIterator<Item = (QuotaKey, QuotaPolicy, T)>,
     ) -> Vec<DemandChange> {
         let before = self.cluster_demand(cluster);
-        let stale: Vec<QuotaKey> = self.quotas.keys().filter(|k| &k.cluster == cluster).cloned().collect();
+        let stale: Vec<QuotaKey> = self
+            .quotas
+            .keys()
+            .filter(|k| &k.cluster == cluster)
+            .cloned()
+            .collect();
         for key in &stale {
             self.delete(key);
         }
@@ -171,7 +190,10 @@ impl<T> PolicyIndex<T> {
             if was == will {
                 continue;
             }
-            let namespaces = self.demand.entry((key.cluster.clone(), resource.clone())).or_default();
+            let namespaces = self
+                .demand
+                .entry((key.cluster.clone(), resource.clone()))
+                .or_default();
             let refs = namespaces.entry(key.namespace.clone()).or_default();
             let from = refs.need();
             if let Some(need) = was {
@@ -240,7 +262,12 @@ impl<T> PolicyIndex<T> {
     pub fn demand_of(&self, cluster: &ClusterName, resource: &GroupResource) -> NamespaceDemand {
         self.demand
             .get(&(cluster.clone(), resource.clone()))
-            .map(|namespaces| namespaces.iter().filter_map(|(ns, r)| Some((ns.clone(), r.need()?))).collect())
+            .map(|namespaces| {
+                namespaces
+                    .iter()
+                    .filter_map(|(ns, r)| Some((ns.clone(), r.need()?)))
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -251,7 +278,10 @@ impl<T> PolicyIndex<T> {
 
     /// The need for (cluster, resource, namespace), if demanded.
     pub fn need(&self, cluster: &ClusterName, resource: &GroupResource, namespace: &str) -> Option<Need> {
-        self.demand.get(&(cluster.clone(), resource.clone()))?.get(namespace)?.need()
+        self.demand
+            .get(&(cluster.clone(), resource.clone()))?
+            .get(namespace)?
+            .need()
     }
 
     /// The quotas that a change to an object of `resource` in (cluster, namespace) dirties:
@@ -314,7 +344,10 @@ mod tests {
             spec_hard: keys.iter().map(|k| (*k).to_owned()).collect(),
             status_hard: keys.iter().map(|k| (*k).to_owned()).collect(),
             scopes: QuotaScopes::from_requirements(
-                scopes.iter().map(|s| lazyquota_quota::scope::ScopeRequirement::from_scope(s)).collect(),
+                scopes
+                    .iter()
+                    .map(|s| lazyquota_quota::scope::ScopeRequirement::from_scope(s))
+                    .collect(),
             ),
         }
     }
@@ -333,7 +366,11 @@ mod tests {
         let start = index.apply(key("a", "q1"), &policy(&["pods"], &[]), ());
         assert_eq!(start.len(), 1);
         assert_eq!((start[0].from, start[0].to), (None, Some(Need::Typed)));
-        assert!(index.apply(key("a", "q2"), &policy(&["requests.cpu"], &[]), ()).is_empty());
+        assert!(
+            index
+                .apply(key("a", "q2"), &policy(&["requests.cpu"], &[]), ())
+                .is_empty()
+        );
         assert!(index.delete(&key("a", "q1")).is_empty(), "q2 still needs pods");
         let stop = index.delete(&key("a", "q2"));
         assert_eq!((stop[0].from, stop[0].to), (Some(Need::Typed), None));
@@ -365,8 +402,16 @@ mod tests {
         let mut changes = index.apply(key("a", "q"), &policy(&["count/y.example.io"], &[]), ());
         changes.sort();
         assert_eq!(changes.len(), 2);
-        assert!(changes.iter().any(|c| c.resource.resource == "x" && c.to.is_none()));
-        assert!(changes.iter().any(|c| c.resource.resource == "y" && c.to == Some(Need::Count)));
+        assert!(
+            changes
+                .iter()
+                .any(|c| c.resource.resource == "x" && c.to.is_none())
+        );
+        assert!(
+            changes
+                .iter()
+                .any(|c| c.resource.resource == "y" && c.to == Some(Need::Count))
+        );
     }
 
     #[test]
@@ -378,7 +423,10 @@ mod tests {
         assert!(index.dirtied_by(&ClusterName::new("c"), "a", &pods()).is_empty());
         p.status_hard = vec!["pods".into()];
         index.apply(key("a", "q"), &p, ());
-        assert_eq!(index.dirtied_by(&ClusterName::new("c"), "a", &pods()), vec![key("a", "q")]);
+        assert_eq!(
+            index.dirtied_by(&ClusterName::new("c"), "a", &pods()),
+            vec![key("a", "q")]
+        );
         assert!(index.dirtied_by(&ClusterName::new("c"), "b", &pods()).is_empty());
     }
 
@@ -389,11 +437,22 @@ mod tests {
         Reset(Vec<(usize, usize, Vec<usize>, bool)>),
     }
 
-    const KEYS: &[&str] =
-        &["pods", "count/pods", "requests.storage", "count/widgets.example.io", "configmaps", "foo"];
+    const KEYS: &[&str] = &[
+        "pods",
+        "count/pods",
+        "requests.storage",
+        "count/widgets.example.io",
+        "configmaps",
+        "foo",
+    ];
 
     fn op() -> impl Strategy<Value = Op> {
-        let quota = (0..3usize, 0..3usize, prop::collection::vec(0..KEYS.len(), 0..4), any::<bool>());
+        let quota = (
+            0..3usize,
+            0..3usize,
+            prop::collection::vec(0..KEYS.len(), 0..4),
+            any::<bool>(),
+        );
         prop_oneof![
             4 => quota.clone().prop_map(|(n, q, k, s)| Op::Apply(n, q, k, s)),
             2 => (0..3usize, 0..3usize).prop_map(|(n, q)| Op::Delete(n, q)),

@@ -71,8 +71,11 @@ impl Resolver {
         failed_groups: &[String],
     ) -> Vec<ResolverChange> {
         let old = self.clusters.remove(cluster).unwrap_or_default();
-        let mut new: BTreeMap<GroupResource, ServedResource> =
-            served.into_iter().filter(ServedResource::quotable).map(|s| (s.resource.clone(), s)).collect();
+        let mut new: BTreeMap<GroupResource, ServedResource> = served
+            .into_iter()
+            .filter(ServedResource::quotable)
+            .map(|s| (s.resource.clone(), s))
+            .collect();
         for (resource, served) in &old {
             if failed_groups.iter().any(|g| g == &resource.group) && !new.contains_key(resource) {
                 new.insert(resource.clone(), served.clone());
@@ -88,7 +91,12 @@ impl Resolver {
                 Some(_) => {}
             }
         }
-        changes.extend(new.keys().filter(|r| !old.contains_key(*r)).cloned().map(ResolverChange::Served));
+        changes.extend(
+            new.keys()
+                .filter(|r| !old.contains_key(*r))
+                .cloned()
+                .map(ResolverChange::Served),
+        );
         self.clusters.insert(cluster.clone(), new);
         changes
     }
@@ -124,7 +132,9 @@ mod tests {
             version: version.into(),
             kind: "Kind".into(),
             namespaced: true,
-            verbs: ["create", "delete", "get", "list", "watch", "update"].map(String::from).to_vec(),
+            verbs: ["create", "delete", "get", "list", "watch", "update"]
+                .map(String::from)
+                .to_vec(),
         }
     }
 
@@ -138,7 +148,12 @@ mod tests {
         no_watch.verbs.retain(|v| v != "watch");
         resolver.replace(
             &cluster,
-            [served("", "pods", "v1"), served("", "events", "v1"), cluster_scoped, no_watch],
+            [
+                served("", "pods", "v1"),
+                served("", "events", "v1"),
+                cluster_scoped,
+                no_watch,
+            ],
             &[],
         );
         assert!(resolver.get(&cluster, &GroupResource::core("pods")).is_some());
@@ -146,15 +161,26 @@ mod tests {
             resolver.get(&cluster, &GroupResource::core("events")).is_none(),
             "events are ignored upstream"
         );
-        assert!(resolver.get(&cluster, &GroupResource::core("namespaces")).is_none());
-        assert!(resolver.get(&cluster, &GroupResource::new("example.io", "reviews")).is_none());
+        assert!(
+            resolver
+                .get(&cluster, &GroupResource::core("namespaces"))
+                .is_none()
+        );
+        assert!(
+            resolver
+                .get(&cluster, &GroupResource::new("example.io", "reviews"))
+                .is_none()
+        );
     }
 
     #[test]
     fn crds_appear_change_and_go() {
         let cluster = ClusterName::new("c");
         let mut resolver = Resolver::new();
-        assert_eq!(resolver.replace(&cluster, [served("", "pods", "v1")], &[]).len(), 1);
+        assert_eq!(
+            resolver.replace(&cluster, [served("", "pods", "v1")], &[]).len(),
+            1
+        );
         let widgets = GroupResource::new("example.io", "widgets");
         let appear = resolver.replace(
             &cluster,
@@ -169,7 +195,10 @@ mod tests {
         );
         assert_eq!(change, vec![ResolverChange::Changed(widgets.clone())]);
         let kept = resolver.replace(&cluster, [served("", "pods", "v1")], &["example.io".to_owned()]);
-        assert!(kept.is_empty(), "a group whose discovery failed keeps its resources");
+        assert!(
+            kept.is_empty(),
+            "a group whose discovery failed keeps its resources"
+        );
         let gone = resolver.replace(&cluster, [served("", "pods", "v1")], &[]);
         assert_eq!(gone, vec![ResolverChange::Gone(widgets)]);
     }

@@ -92,7 +92,11 @@ pub struct Partition<P> {
 
 impl<P> Default for Partition<P> {
     fn default() -> Self {
-        Self { objects: Objects::default(), next: None, synced: false }
+        Self {
+            objects: Objects::default(),
+            next: None,
+            synced: false,
+        }
     }
 }
 
@@ -129,7 +133,9 @@ pub struct UsageStore<P> {
 
 impl<P> Default for UsageStore<P> {
     fn default() -> Self {
-        Self { partitions: HashMap::new() }
+        Self {
+            partitions: HashMap::new(),
+        }
     }
 }
 
@@ -233,7 +239,9 @@ impl<P: HeapSize> UsageStore<P> {
 
     /// Partitions held, with their object count and bytes, for metrics and `explain`.
     pub fn partition_stats(&self) -> impl Iterator<Item = (&PartitionKey, usize, usize)> {
-        self.partitions.iter().map(|(k, p)| (k, p.objects.len(), partition_bytes(p)))
+        self.partitions
+            .iter()
+            .map(|(k, p)| (k, p.objects.len(), partition_bytes(p)))
     }
 
     /// Bytes held by the object tables (both generations) and the projections' heap,
@@ -246,7 +254,11 @@ impl<P: HeapSize> UsageStore<P> {
 fn table_bytes<P: HeapSize>(objects: &Objects<P>) -> usize {
     // hashbrown: one slot (key + value) and one control byte per bucket, buckets = the
     // capacity rounded up to a power of two at 7/8 load, plus a group of control bytes.
-    let buckets = if objects.capacity() == 0 { 0 } else { (objects.capacity() * 8 / 7).next_power_of_two() };
+    let buckets = if objects.capacity() == 0 {
+        0
+    } else {
+        (objects.capacity() * 8 / 7).next_power_of_two()
+    };
     let slot = std::mem::size_of::<(u64, P)>();
     let control = if buckets == 0 { 0 } else { buckets + 16 };
     buckets * slot + control + objects.values().map(HeapSize::heap_bytes).sum::<usize>()

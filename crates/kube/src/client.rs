@@ -39,18 +39,31 @@ pub enum Error {
 /// Loads the client configuration: an explicit kubeconfig file (and context), or else what
 /// `kube` infers (`$KUBECONFIG`, `~/.kube/config`, then the in-cluster service account).
 pub async fn load_config(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<Config, Error> {
-    let options = KubeConfigOptions { context: context.map(str::to_owned), ..KubeConfigOptions::default() };
+    let options = KubeConfigOptions {
+        context: context.map(str::to_owned),
+        ..KubeConfigOptions::default()
+    };
     match kubeconfig {
         Some(path) => {
-            let file = Kubeconfig::read_from(path)
-                .map_err(|source| Error::ReadKubeconfig { path: path.to_owned(), source })?;
+            let file = Kubeconfig::read_from(path).map_err(|source| Error::ReadKubeconfig {
+                path: path.to_owned(),
+                source,
+            })?;
             Config::from_custom_kubeconfig(file, &options)
                 .await
-                .map_err(|source| Error::Config { context: options.context.clone(), source })
+                .map_err(|source| Error::Config {
+                    context: options.context.clone(),
+                    source,
+                })
         }
-        None if context.is_some() => Config::from_kubeconfig(&options)
-            .await
-            .map_err(|source| Error::Config { context: options.context.clone(), source }),
+        None if context.is_some() => {
+            Config::from_kubeconfig(&options)
+                .await
+                .map_err(|source| Error::Config {
+                    context: options.context.clone(),
+                    source,
+                })
+        }
         None => Config::infer().await.map_err(Error::Infer),
     }
 }

@@ -212,11 +212,16 @@ impl Controller {
     /// it for snapshots.
     pub fn new(client: Client, config: Config, metrics: Metrics) -> (Self, SnapshotHandle) {
         let (tx, requests) = mpsc::channel(16);
-        let options =
-            WatchOptions { streaming_lists: config.streaming_lists.unwrap_or(false), gates: config.gates };
+        let options = WatchOptions {
+            streaming_lists: config.streaming_lists.unwrap_or(false),
+            gates: config.gates,
+        };
         let recorder = Recorder::new(
             client.clone(),
-            Reporter { controller: "lazyquota".into(), instance: Some(config.instance.clone()) },
+            Reporter {
+                controller: "lazyquota".into(),
+                instance: Some(config.instance.clone()),
+            },
         );
         let controller = Self {
             recorder,
@@ -248,10 +253,12 @@ impl Controller {
         self.stats.streaming_lists = self.options.streaming_lists;
         info!(streaming_lists = self.options.streaming_lists, mode = ?self.config.mode, shadow = self.config.shadow, "controller starting");
 
-        let mut quota_events =
-            watcher(Api::<ResourceQuota>::all(self.client.clone()), watcher::Config::default())
-                .default_backoff()
-                .boxed();
+        let mut quota_events = watcher(
+            Api::<ResourceQuota>::all(self.client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .boxed();
         let mut api_changes = api_change_stream(&self.client);
         let mut quota_relist: Option<Vec<ResourceQuota>> = None;
         let mut discovery = Some(discover_owned(self.client.clone()));
@@ -309,7 +316,10 @@ impl Controller {
             }
         };
 
-        info!(in_flight = self.writes.len(), "stopping watches, finishing status writes");
+        info!(
+            in_flight = self.writes.len(),
+            "stopping watches, finishing status writes"
+        );
         for running in self.watches.values() {
             running.abort.abort();
         }
@@ -318,7 +328,10 @@ impl Controller {
                 self.on_write(&key, started, result);
             }
         };
-        if tokio::time::timeout(Duration::from_secs(10), drain).await.is_err() {
+        if tokio::time::timeout(Duration::from_secs(10), drain)
+            .await
+            .is_err()
+        {
             warn!("status writes still in flight after 10s; exiting anyway");
         }
         outcome
@@ -327,7 +340,11 @@ impl Controller {
     // ---- quotas ----------------------------------------------------------------------------
 
     fn quota_key(&self, quota: &ResourceQuota) -> QuotaKey {
-        QuotaKey::new(&self.config.cluster, &quota.namespace().unwrap_or_default(), &quota.name_any())
+        QuotaKey::new(
+            &self.config.cluster,
+            &quota.namespace().unwrap_or_default(),
+            &quota.name_any(),
+        )
     }
 
     fn on_quota_event(
@@ -403,7 +420,9 @@ impl Controller {
             }
         };
         self.metrics.discovery("ok");
-        let changes = self.engine.discovered(&cluster, discovered.served, &discovered.failed_groups);
+        let changes = self
+            .engine
+            .discovered(&cluster, discovered.served, &discovered.failed_groups);
         let mut touched: BTreeSet<GroupResource> = BTreeSet::new();
         for change in changes {
             debug!(?change, "discovery change");
@@ -415,7 +434,12 @@ impl Controller {
             touched.insert(r.clone());
         }
         if self.config.mode == Mode::Eager {
-            touched.extend(self.engine.resolver.quotable(&cluster).map(|s| s.resource.clone()));
+            touched.extend(
+                self.engine
+                    .resolver
+                    .quotable(&cluster)
+                    .map(|s| s.resource.clone()),
+            );
         }
         let now = Instant::now();
         for resource in &touched {
@@ -430,8 +454,10 @@ impl Controller {
     // ---- demand → watches ------------------------------------------------------------------
 
     fn apply_demand(&mut self, changes: &[DemandChange]) {
-        let touched: BTreeSet<(ClusterName, GroupResource)> =
-            changes.iter().map(|c| (c.cluster.clone(), c.resource.clone())).collect();
+        let touched: BTreeSet<(ClusterName, GroupResource)> = changes
+            .iter()
+            .map(|c| (c.cluster.clone(), c.resource.clone()))
+            .collect();
         for (cluster, resource) in touched {
             self.sync_watches(&cluster, &resource);
         }
@@ -458,7 +484,10 @@ impl Controller {
             // informers for everything else.
             let typed = resource.group.is_empty()
                 && ["pods", "services", "persistentvolumeclaims"].contains(&resource.resource.as_str());
-            desired.insert(key(None, if typed { Need::Typed } else { Need::Count }), BTreeSet::new());
+            desired.insert(
+                key(None, if typed { Need::Typed } else { Need::Count }),
+                BTreeSet::new(),
+            );
             return desired;
         }
         let demand = self.engine.index.demand_of(cluster, resource);
@@ -575,7 +604,8 @@ impl Controller {
     /// The partitions a watch fills (eager watches: every one held for its resource).
     fn partitions_of(&self, key: &WatchKey, running: &Running) -> Vec<PartitionKey> {
         if running.hold_all {
-            self.engine.held_namespaces(store_kind(&key.resource, key.need), &key.cluster, &key.resource)
+            self.engine
+                .held_namespaces(store_kind(&key.resource, key.need), &key.cluster, &key.resource)
         } else {
             running.namespaces.iter().map(|ns| partition(key, ns)).collect()
         }
@@ -600,7 +630,11 @@ impl Controller {
                 }
                 self.watches.get_mut(&key).expect("present").relisting = true;
             }
-            WatchItem::InitApply(ObjectEvent { namespace, name, object }) => {
+            WatchItem::InitApply(ObjectEvent {
+                namespace,
+                name,
+                object,
+            }) => {
                 let p = partition(&key, &namespace);
                 if self.ensure_held(&key, kind, &p)
                     && let Some(reason) = self.engine.relist_apply(kind, &p, object_id(&name), object)
@@ -630,7 +664,11 @@ impl Controller {
                     self.queue.add(quota, now);
                 }
             }
-            WatchItem::Apply(ObjectEvent { namespace, name, object }) => {
+            WatchItem::Apply(ObjectEvent {
+                namespace,
+                name,
+                object,
+            }) => {
                 let p = partition(&key, &namespace);
                 if !self.ensure_held(&key, kind, &p) {
                     return; // another namespace's object on a cluster-wide watch: dropped at ingest
@@ -678,7 +716,9 @@ impl Controller {
 
     /// The quotas whose keys are computed from the objects this watch fills.
     fn quotas_served_by(&self, key: &WatchKey) -> Vec<QuotaKey> {
-        let Some(running) = self.watches.get(key) else { return Vec::new() };
+        let Some(running) = self.watches.get(key) else {
+            return Vec::new();
+        };
         self.engine
             .index
             .computing(&key.cluster, &key.resource)
@@ -753,7 +793,11 @@ impl Controller {
 
     fn replenish(&mut self, key: &WatchKey, namespace: &str) {
         let now = Instant::now();
-        for quota in self.engine.index.dirtied_by(&key.cluster, namespace, &key.resource) {
+        for quota in self
+            .engine
+            .index
+            .dirtied_by(&key.cluster, namespace, &key.resource)
+        {
             self.queue.add(quota, now);
         }
     }
@@ -785,13 +829,21 @@ impl Controller {
         }
         let decision = computed.decision;
         if self.config.shadow || !decision.dirty {
-            let result = if self.config.shadow { self.report_shadow(&key, &decision) } else { "unchanged" };
+            let result = if self.config.shadow {
+                self.report_shadow(&key, &decision)
+            } else {
+                "unchanged"
+            };
             self.metrics.quota_sync(result, started.elapsed().as_secs_f64());
             self.queue.forget(&key);
             self.queue.done(&key);
             return;
         }
-        let resource_version = self.engine.index.get(&key).and_then(|e| e.payload.resource_version.clone());
+        let resource_version = self
+            .engine
+            .index
+            .get(&key)
+            .and_then(|e| e.payload.resource_version.clone());
         let body = ResourceQuota {
             metadata: ObjectMeta {
                 name: Some(key.name.to_string()),
@@ -800,7 +852,10 @@ impl Controller {
                 ..ObjectMeta::default()
             },
             spec: None,
-            status: Some(ResourceQuotaStatus { hard: Some(decision.hard), used: Some(decision.used) }),
+            status: Some(ResourceQuotaStatus {
+                hard: Some(decision.hard),
+                used: Some(decision.used),
+            }),
         };
         let api: Api<ResourceQuota> = Api::namespaced(self.client.clone(), &key.namespace);
         let write = async move {
@@ -826,8 +881,12 @@ impl Controller {
 
     /// Records disagreements between our `used` and the stored one; returns the sync result.
     fn report_shadow(&mut self, key: &QuotaKey, decision: &StatusDecision) -> &'static str {
-        let stored =
-            self.engine.index.get(key).and_then(|e| e.payload.status_used.clone()).unwrap_or_default();
+        let stored = self
+            .engine
+            .index
+            .get(key)
+            .and_then(|e| e.payload.status_used.clone())
+            .unwrap_or_default();
         let quota = key.to_string();
         self.stats.disagreements.retain(|(q, _), _| q != &quota);
         let mut disagree = false;
@@ -839,9 +898,15 @@ impl Controller {
             disagree = true;
             let theirs = theirs.map_or_else(|| "<absent>".to_owned(), |t| t.0.clone());
             warn!(quota = %quota, key = %name, ours = %ours.0, stored = %theirs, "shadow: status.used disagrees");
-            self.stats.disagreements.insert((quota.clone(), name.clone()), (ours.0.clone(), theirs));
+            self.stats
+                .disagreements
+                .insert((quota.clone(), name.clone()), (ours.0.clone(), theirs));
         }
-        if disagree { "shadow_disagree" } else { "shadow_agree" }
+        if disagree {
+            "shadow_disagree"
+        } else {
+            "shadow_agree"
+        }
     }
 
     fn on_write(&mut self, key: &QuotaKey, started: Instant, result: Result<ResourceQuota, kube::Error>) {
@@ -938,8 +1003,12 @@ fn api_change_stream(client: &Client) -> BoxStream<'static, ()> {
     let crds: Api<PartialObjectMeta<CustomResourceDefinition>> = Api::all(client.clone());
     let services: Api<PartialObjectMeta<APIService>> = Api::all(client.clone());
     futures::stream::select(
-        watcher(crds, watcher::Config::default()).default_backoff().filter_map(changed),
-        watcher(services, watcher::Config::default()).default_backoff().filter_map(changed),
+        watcher(crds, watcher::Config::default())
+            .default_backoff()
+            .filter_map(changed),
+        watcher(services, watcher::Config::default())
+            .default_backoff()
+            .filter_map(changed),
     )
     .boxed()
 }

@@ -49,5 +49,8 @@ pub async fn discover(client: &Client) -> Result<Discovered, kube::Error> {
             }
         }
     }
-    Ok(Discovered { served, failed_groups: Vec::new() })
+    Ok(Discovered {
+        served,
+        failed_groups: Vec::new(),
+    })
 }

@@ -122,10 +122,19 @@ impl LeaseLock {
         };
         let now = Instant::now();
         self.observe(current.as_ref(), now);
-        let action = decide(self.observed.as_ref(), &self.identity, self.timing.lease_duration, now);
+        let action = decide(
+            self.observed.as_ref(),
+            &self.identity,
+            self.timing.lease_duration,
+            now,
+        );
         let result = match action {
             Action::Wait => return false,
-            Action::Create => self.api.create(&PostParams::default(), &self.record(None, 0)).await,
+            Action::Create => {
+                self.api
+                    .create(&PostParams::default(), &self.record(None, 0))
+                    .await
+            }
             Action::TakeOver | Action::Renew => {
                 let lease = current.expect("an observed lease exists");
                 let spec = lease.spec.clone().unwrap_or_default();
@@ -134,7 +143,9 @@ impl LeaseLock {
                 if action == Action::Renew {
                     record.spec.as_mut().expect("set").acquire_time = spec.acquire_time;
                 }
-                self.api.replace(&self.name, &PostParams::default(), &record).await
+                self.api
+                    .replace(&self.name, &PostParams::default(), &record)
+                    .await
             }
         };
         match result {
@@ -160,9 +171,16 @@ impl LeaseLock {
         };
         let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone());
         let resource_version = lease.metadata.resource_version.clone().unwrap_or_default();
-        let unchanged = self.observed.as_ref().is_some_and(|o| o.resource_version == resource_version);
+        let unchanged = self
+            .observed
+            .as_ref()
+            .is_some_and(|o| o.resource_version == resource_version);
         if !unchanged {
-            self.observed = Some(Observed { holder, resource_version, since: now });
+            self.observed = Some(Observed {
+                holder,
+                resource_version,
+                since: now,
+            });
         }
     }
 
@@ -228,7 +246,9 @@ impl LeaseLock {
 
     /// Releases the lease (clears the holder) so a standby takes over at once.
     pub async fn release(&mut self) {
-        let Ok(Some(mut lease)) = self.api.get_opt(&self.name).await else { return };
+        let Ok(Some(mut lease)) = self.api.get_opt(&self.name).await else {
+            return;
+        };
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
         if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
             return;
@@ -247,7 +267,11 @@ mod tests {
     use super::*;
 
     fn seen(holder: Option<&str>, since: Instant) -> Observed {
-        Observed { holder: holder.map(str::to_owned), resource_version: "1".into(), since }
+        Observed {
+            holder: holder.map(str::to_owned),
+            resource_version: "1".into(),
+            since,
+        }
     }
 
     #[test]
@@ -256,10 +280,23 @@ mod tests {
         let d = Duration::from_secs(15);
         assert_eq!(decide(None, "me", d, t0), Action::Create);
         assert_eq!(decide(Some(&seen(Some("me"), t0)), "me", d, t0), Action::Renew);
-        assert_eq!(decide(Some(&seen(None, t0)), "me", d, t0), Action::TakeOver, "released");
-        assert_eq!(decide(Some(&seen(Some(""), t0)), "me", d, t0), Action::TakeOver, "released");
         assert_eq!(
-            decide(Some(&seen(Some("other"), t0)), "me", d, t0 + Duration::from_secs(14)),
+            decide(Some(&seen(None, t0)), "me", d, t0),
+            Action::TakeOver,
+            "released"
+        );
+        assert_eq!(
+            decide(Some(&seen(Some(""), t0)), "me", d, t0),
+            Action::TakeOver,
+            "released"
+        );
+        assert_eq!(
+            decide(
+                Some(&seen(Some("other"), t0)),
+                "me",
+                d,
+                t0 + Duration::from_secs(14)
+            ),
             Action::Wait
         );
         assert_eq!(

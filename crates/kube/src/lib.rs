@@ -11,7 +11,8 @@ pub mod watch;
 
 /// The wall clock as the quota crate takes time (it has no clock of its own).
 pub fn now() -> lazyquota_quota::Time {
-    let nanos =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
     lazyquota_quota::Time::from_unix_nanos(i128::try_from(nanos).unwrap_or(i128::MAX))
 }

@@ -78,10 +78,13 @@ impl Metrics {
                 "lazyquota_quota_sync_duration_seconds",
                 "Time from taking a quota off the queue to its status being written (or found unchanged).",
             )
-            .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
+            .buckets(vec![
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ]),
         )
         .expect("valid metric");
-        r.register(Box::new(sync_duration.clone())).expect("registered once");
+        r.register(Box::new(sync_duration.clone()))
+            .expect("registered once");
         Self {
             watch_events: counter(
                 &r,
@@ -114,7 +117,12 @@ impl Metrics {
                 &["result"],
             ),
             sync_duration,
-            discovery_runs: counter(&r, "lazyquota_discovery_runs_total", "Discovery runs.", &["result"]),
+            discovery_runs: counter(
+                &r,
+                "lazyquota_discovery_runs_total",
+                "Discovery runs.",
+                &["result"],
+            ),
             active_watches: gauge_vec(
                 &r,
                 "lazyquota_active_watches",
@@ -158,8 +166,16 @@ impl Metrics {
                 &["namespace", "quota", "key"],
             ),
             quotas: gauge(&r, "lazyquota_quotas", "ResourceQuotas known."),
-            ready: gauge(&r, "lazyquota_ready", "1 once the ResourceQuota watch has listed."),
-            leader: gauge(&r, "lazyquota_leader", "1 while this process leads (or leader election is off)."),
+            ready: gauge(
+                &r,
+                "lazyquota_ready",
+                "1 once the ResourceQuota watch has listed.",
+            ),
+            leader: gauge(
+                &r,
+                "lazyquota_leader",
+                "1 while this process leads (or leader election is off).",
+            ),
             registry: r,
         }
     }
@@ -202,7 +218,8 @@ impl Metrics {
 
     /// Sets the scrape-time gauges from the controller's state.
     pub fn observe(&self, snapshot: &Snapshot) {
-        self.quotas.set(i64::try_from(snapshot.quotas).unwrap_or(i64::MAX));
+        self.quotas
+            .set(i64::try_from(snapshot.quotas).unwrap_or(i64::MAX));
         self.ready.set(i64::from(snapshot.quotas_synced));
         self.active_watches.reset();
         self.watch_clusters.reset();
@@ -211,11 +228,22 @@ impl Metrics {
             std::collections::BTreeMap::new();
         for watch in &snapshot.watches {
             let resource = watch.key.resource_label();
-            let scope = if watch.key.namespace.is_some() { "namespaced" } else { "cluster" };
-            self.active_watches.with_label_values(&[resource.as_str(), scope]).inc();
-            clusters.entry(resource.clone()).or_default().insert(watch.key.cluster.to_string());
+            let scope = if watch.key.namespace.is_some() {
+                "namespaced"
+            } else {
+                "cluster"
+            };
+            self.active_watches
+                .with_label_values(&[resource.as_str(), scope])
+                .inc();
+            clusters
+                .entry(resource.clone())
+                .or_default()
+                .insert(watch.key.cluster.to_string());
             if let Some(reason) = &watch.failure {
-                self.watch_failing.with_label_values(&[resource.as_str(), reason.as_str()]).inc();
+                self.watch_failing
+                    .with_label_values(&[resource.as_str(), reason.as_str()])
+                    .inc();
             }
         }
         for (resource, set) in clusters {
@@ -227,13 +255,19 @@ impl Metrics {
         self.held_bytes.reset();
         for (resource, (objects, bytes)) in &snapshot.held {
             let resource = resource.trim_start_matches("count/");
-            self.held_objects.with_label_values(&[resource]).set(i64::try_from(*objects).unwrap_or(i64::MAX));
-            self.held_bytes.with_label_values(&[resource]).set(i64::try_from(*bytes).unwrap_or(i64::MAX));
+            self.held_objects
+                .with_label_values(&[resource])
+                .set(i64::try_from(*objects).unwrap_or(i64::MAX));
+            self.held_bytes
+                .with_label_values(&[resource])
+                .set(i64::try_from(*bytes).unwrap_or(i64::MAX));
         }
         self.pending.reset();
         for (resource, quotas) in &snapshot.pending {
             let resource = resource.trim_start_matches("count/");
-            self.pending.with_label_values(&[resource]).set(i64::try_from(*quotas).unwrap_or(i64::MAX));
+            self.pending
+                .with_label_values(&[resource])
+                .set(i64::try_from(*quotas).unwrap_or(i64::MAX));
         }
         self.disagreements.reset();
         for (quota, key) in snapshot.disagreements.keys() {
@@ -243,7 +277,9 @@ impl Metrics {
                 .map_or(quota.as_str(), |(_, q)| q)
                 .split_once('/')
                 .unwrap_or(("", quota));
-            self.disagreements.with_label_values(&[namespace, name, key.as_str()]).set(1);
+            self.disagreements
+                .with_label_values(&[namespace, name, key.as_str()])
+                .set(1);
         }
     }
 
@@ -253,7 +289,9 @@ impl Metrics {
     /// Never in practice: encoding to memory cannot fail and the format is UTF-8.
     pub fn encode(&self) -> String {
         let mut buffer = Vec::new();
-        TextEncoder::new().encode(&self.registry.gather(), &mut buffer).expect("text encoding to memory");
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buffer)
+            .expect("text encoding to memory");
         String::from_utf8(buffer).expect("the text format is UTF-8")
     }
 }

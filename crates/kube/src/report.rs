@@ -81,12 +81,24 @@ pub async fn usage(
     let now = now();
     let mut report = Vec::new();
     for quota in &quotas {
-        let key = QuotaKey::new(&cluster, &quota.namespace().unwrap_or_default(), &quota.name_any());
+        let key = QuotaKey::new(
+            &cluster,
+            &quota.namespace().unwrap_or_default(),
+            &quota.name_any(),
+        );
         let Some(computed) = engine.compute(&key, now) else {
             continue;
         };
-        let stored = quota.status.as_ref().and_then(|s| s.used.clone()).unwrap_or_default();
-        let hard = quota.spec.as_ref().and_then(|s| s.hard.clone()).unwrap_or_default();
+        let stored = quota
+            .status
+            .as_ref()
+            .and_then(|s| s.used.clone())
+            .unwrap_or_default();
+        let hard = quota
+            .spec
+            .as_ref()
+            .and_then(|s| s.hard.clone())
+            .unwrap_or_default();
         let keys = hard
             .iter()
             .map(|(name, limit)| {
@@ -105,7 +117,11 @@ pub async fn usage(
                 }
             })
             .collect();
-        report.push(QuotaUsage { namespace: key.namespace.to_string(), name: key.name.to_string(), keys });
+        report.push(QuotaUsage {
+            namespace: key.namespace.to_string(),
+            name: key.name.to_string(),
+            keys,
+        });
     }
     Ok(report)
 }
@@ -146,8 +162,11 @@ pub struct Explain {
 pub async fn explain(client: &Client, threshold: usize, gates: FeatureGates) -> Result<Explain, Error> {
     let cluster = ClusterName::new("default");
     let discovered = discover(client).await.map_err(Error::Discovery)?;
-    let served_all: BTreeMap<GroupResource, ServedResource> =
-        discovered.served.iter().map(|s| (s.resource.clone(), s.clone())).collect();
+    let served_all: BTreeMap<GroupResource, ServedResource> = discovered
+        .served
+        .iter()
+        .map(|s| (s.resource.clone(), s.clone()))
+        .collect();
     let (engine, quotas) = load_with(client, &cluster, None, gates, discovered, false).await?;
     let mut resources = Vec::new();
     let demanded: Vec<(ClusterName, GroupResource)> = engine.index.demanded().cloned().collect();
@@ -174,7 +193,11 @@ pub async fn explain(client: &Client, threshold: usize, gates: FeatureGates) -> 
                 .spec
                 .hard_keys
                 .iter()
-                .filter(|k| needs(k, &entry.payload.spec.scopes, gates).iter().any(|(r, _)| r == &resource))
+                .filter(|k| {
+                    needs(k, &entry.payload.spec.scopes, gates)
+                        .iter()
+                        .any(|(r, _)| r == &resource)
+                })
                 .map(String::as_str)
                 .collect();
             demanding.push(format!("{}/{}: {}", key.namespace, key.name, keys.join(", ")));
@@ -187,7 +210,11 @@ pub async fn explain(client: &Client, threshold: usize, gates: FeatureGates) -> 
                 Need::Count => "metadata",
                 Need::Typed => "typed",
             },
-            scope: if demand.len() > threshold { "cluster-wide" } else { "namespaced" },
+            scope: if demand.len() > threshold {
+                "cluster-wide"
+            } else {
+                "namespaced"
+            },
             namespaces: demand.keys().map(ToString::to_string).collect(),
             quotas: demanding,
             pending,
@@ -196,9 +223,11 @@ pub async fn explain(client: &Client, threshold: usize, gates: FeatureGates) -> 
     let mut never_computed = Vec::new();
     let mut always_zero = Vec::new();
     for quota in &quotas {
-        let (Some(spec), ns, name) =
-            (quota.spec.as_ref(), quota.namespace().unwrap_or_default(), quota.name_any())
-        else {
+        let (Some(spec), ns, name) = (
+            quota.spec.as_ref(),
+            quota.namespace().unwrap_or_default(),
+            quota.name_any(),
+        ) else {
             continue;
         };
         let parsed = lazyquota_quota::QuotaSpec::from_resource_quota(quota);
@@ -210,7 +239,12 @@ pub async fn explain(client: &Client, threshold: usize, gates: FeatureGates) -> 
             }
         }
     }
-    Ok(Explain { cluster: cluster.to_string(), resources, never_computed, always_zero })
+    Ok(Explain {
+        cluster: cluster.to_string(),
+        resources,
+        never_computed,
+        always_zero,
+    })
 }
 
 async fn load(
@@ -238,8 +272,10 @@ async fn load_with(
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let quotas =
-        list_all(&api).await.map_err(|source| Error::List { what: "resourcequotas".into(), source })?;
+    let quotas = list_all(&api).await.map_err(|source| Error::List {
+        what: "resourcequotas".into(),
+        source,
+    })?;
     for quota in &quotas {
         let key = QuotaKey::new(cluster, &quota.namespace().unwrap_or_default(), &quota.name_any());
         engine.apply_quota(key, quota);
@@ -256,12 +292,19 @@ async fn load_with(
         let demand = engine.index.demand_of(&c, &resource);
         let need = demand.values().copied().max().unwrap_or(Need::Count);
         let kind = store_kind(&resource, need);
-        let lists = demand.keys().map(|ns| list_projected(client, &served, ns, need, gates, &interner));
-        let lists = try_join_all(lists)
-            .await
-            .map_err(|source| Error::List { what: resource.object_count_name(), source })?;
+        let lists = demand
+            .keys()
+            .map(|ns| list_projected(client, &served, ns, need, gates, &interner));
+        let lists = try_join_all(lists).await.map_err(|source| Error::List {
+            what: resource.object_count_name(),
+            source,
+        })?;
         for (ns, objects) in demand.keys().zip(lists) {
-            let p = PartitionKey { cluster: c.clone(), resource: resource.clone(), namespace: ns.clone() };
+            let p = PartitionKey {
+                cluster: c.clone(),
+                resource: resource.clone(),
+                namespace: ns.clone(),
+            };
             engine.hold(kind, p.clone());
             engine.begin_relist(kind, &p);
             for (name, object) in objects {
@@ -298,7 +341,11 @@ async fn list_projected(
     interner: &Interner,
 ) -> kube::Result<Vec<(String, Projected)>> {
     let project_all = |names: Vec<(String, Projected)>| Ok(names);
-    match (need, served.resource.group.as_str(), served.resource.resource.as_str()) {
+    match (
+        need,
+        served.resource.group.as_str(),
+        served.resource.resource.as_str(),
+    ) {
         (Need::Typed, "", "pods") => project_all(
             list_all(&Api::<Pod>::namespaced(client.clone(), namespace))
                 .await?
@@ -314,19 +361,27 @@ async fn list_projected(
             list_all(&Api::<Service>::namespaced(client.clone(), namespace))
                 .await?
                 .iter()
-                .map(|s| (s.name_any(), Projected::Service(ServiceProjection::from_service(s))))
+                .map(|s| {
+                    (
+                        s.name_any(),
+                        Projected::Service(ServiceProjection::from_service(s)),
+                    )
+                })
                 .collect(),
         ),
         (Need::Typed, "", "persistentvolumeclaims") => project_all(
-            list_all(&Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace))
-                .await?
-                .iter()
-                .map(|c| {
-                    let projected = PvcProjection::from_pvc(c, interner)
-                        .map_or_else(|e| Projected::Malformed(e.to_string()), Projected::Pvc);
-                    (c.name_any(), projected)
-                })
-                .collect(),
+            list_all(&Api::<PersistentVolumeClaim>::namespaced(
+                client.clone(),
+                namespace,
+            ))
+            .await?
+            .iter()
+            .map(|c| {
+                let projected = PvcProjection::from_pvc(c, interner)
+                    .map_or_else(|e| Projected::Malformed(e.to_string()), Projected::Pvc);
+                (c.name_any(), projected)
+            })
+            .collect(),
         ),
         _ => {
             let resource = crate::watch::api_resource(served);

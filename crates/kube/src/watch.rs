@@ -45,7 +45,10 @@ pub struct WatchKey {
 impl WatchKey {
     /// The resource as metrics label it: `pods`, `widgets.example.io`.
     pub fn resource_label(&self) -> String {
-        self.resource.object_count_name().trim_start_matches("count/").to_owned()
+        self.resource
+            .object_count_name()
+            .trim_start_matches("count/")
+            .to_owned()
     }
 }
 
@@ -117,17 +120,23 @@ pub fn open<T: Clone + Send + 'static>(
     }
     let ns = key.namespace.as_deref();
     let gates = options.gates;
-    let stream = match (key.need, served.resource.group.as_str(), served.resource.resource.as_str()) {
+    let stream = match (
+        key.need,
+        served.resource.group.as_str(),
+        served.resource.resource.as_str(),
+    ) {
         (Need::Typed, "", "pods") => {
             let interner = interner.clone();
-            typed::<Pod>(client, ns, config, move |p| match PodProjection::from_pod(p, gates, &interner) {
-                Ok(p) => Projected::Pod(p),
-                Err(e) => Projected::Malformed(e.to_string()),
+            typed::<Pod>(client, ns, config, move |p| {
+                match PodProjection::from_pod(p, gates, &interner) {
+                    Ok(p) => Projected::Pod(p),
+                    Err(e) => Projected::Malformed(e.to_string()),
+                }
             })
         }
-        (Need::Typed, "", "services") => {
-            typed::<Service>(client, ns, config, |s| Projected::Service(ServiceProjection::from_service(s)))
-        }
+        (Need::Typed, "", "services") => typed::<Service>(client, ns, config, |s| {
+            Projected::Service(ServiceProjection::from_service(s))
+        }),
         (Need::Typed, "", "persistentvolumeclaims") => {
             let interner = interner.clone();
             typed::<PersistentVolumeClaim>(client, ns, config, move |c| {
@@ -176,7 +185,9 @@ fn metadata(
         Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
         None => Api::all_with(client.clone(), &resource),
     };
-    events(watcher(api, config).default_backoff().boxed(), |_| Projected::Meta)
+    events(watcher(api, config).default_backoff().boxed(), |_| {
+        Projected::Meta
+    })
 }
 
 /// The dynamic type of a served resource.
@@ -185,7 +196,11 @@ pub fn api_resource(served: &ServedResource) -> ApiResource {
     ApiResource {
         group: group.clone(),
         version: version.clone(),
-        api_version: if group.is_empty() { version.clone() } else { format!("{group}/{version}") },
+        api_version: if group.is_empty() {
+            version.clone()
+        } else {
+            format!("{group}/{version}")
+        },
         kind: served.kind.clone(),
         plural: served.resource.resource.clone(),
     }
