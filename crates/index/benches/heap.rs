@@ -1,0 +1,572 @@
+//! Heap held per watched object, measured with dhat through the [`Engine`] exactly as the
+//! controller drives it: discovery, one quota per namespace, the partitions its demand changes
+//! ask for held, then an eager watch's initial list (`begin_relist` of every held partition,
+//! `relist_apply` of every object, `finish_relist` of every partition).
+//!
+//! - (a) pods, each projected from a realistic typed pod with [`PodProjection::from_pod`]
+//!   (one shared [`Interner`], as the controller has), into [`StoreKind::Pods`], under quotas
+//!   demanding `pods`, `requests.cpu` and `limits.memory`;
+//! - (b) count-only objects ([`Projected::Meta`]) into [`StoreKind::Counts`], under
+//!   `count/widgets.example.io` quotas.
+//!
+//! Reported per case: heap before and after, bytes per object (all heap growth, setup
+//! included, divided by the objects), the peak during a full relist (old and new generation
+//! side by side), and the time to compute every quota once (measured with the profiler
+//! stopped). Printed as a markdown table and written to `benches/results/heap.md` at the
+//! repository root. The targets (≤ 256 B per pod, ≤ 64 B per count-only object) are
+//! reported, not asserted.
+//!
+//! `LAZYQUOTA_BENCH_OBJECTS` sets the objects per case (default 100000, spread over at most
+//! 100 namespaces); a run with another count writes `heap-<count>.md` instead, so a CI-sized
+//! run (`LAZYQUOTA_BENCH_OBJECTS=10000`) leaves the reference results alone. Run without
+//! `--bench` (`cargo test --benches`) it is a smoke test: 1000 objects, nothing written.
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    hint::black_box,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use dhat::HeapStats;
+use k8s_openapi::{
+    api::core::v1::{
+        Container, ContainerStatus, Pod, PodSpec, PodStatus, ResourceQuota, ResourceQuotaSpec,
+        ResourceRequirements,
+    },
+    apimachinery::pkg::{api::resource::Quantity as K8sQuantity, apis::meta::v1::ObjectMeta},
+};
+use lazyquota_index::{
+    engine::{Engine, Projected, StoreKind, same_value, store_kind},
+    keys::{ClusterName, GroupResource, QuotaKey, object_id},
+    resolver::ServedResource,
+    store::PartitionKey,
+};
+use lazyquota_quota::{FeatureGates, Interner, PodProjection, Time};
+
+#[global_allocator]
+static ALLOC: dhat::Alloc = dhat::Alloc;
+
+/// Objects per case when `LAZYQUOTA_BENCH_OBJECTS` is unset.
+const DEFAULT_OBJECTS: usize = 100_000;
+/// Objects per case in a smoke run (no `--bench` argument).
+const SMOKE_OBJECTS: usize = 1_000;
+/// Namespaces the objects are spread over (fewer if there are fewer objects).
+const NAMESPACES: usize = 100;
+/// Timed passes over all quotas after the first one; the median is reported.
+const COMPUTE_PASSES: usize = 10;
+/// Targets to compare against (reported, not asserted).
+const POD_TARGET: usize = 256;
+const COUNT_TARGET: usize = 64;
+
+const WIDGETS_COUNT_KEY: &str = "count/widgets.example.io";
+
+struct Config {
+    objects: usize,
+    namespaces: usize,
+    /// A `cargo bench` run (not a `cargo test --benches` smoke run): results are written.
+    bench: bool,
+}
+
+impl Config {
+    fn from_env() -> Self {
+        let bench = std::env::args().any(|a| a == "--bench");
+        let objects =
+            match std::env::var("LAZYQUOTA_BENCH_OBJECTS") {
+                Ok(v) => v.trim().parse::<usize>().ok().filter(|n| *n > 0).unwrap_or_else(|| {
+                    panic!("LAZYQUOTA_BENCH_OBJECTS must be a positive integer, not {v:?}")
+                }),
+                Err(_) if bench => DEFAULT_OBJECTS,
+                Err(_) => SMOKE_OBJECTS,
+            };
+        Self { objects, namespaces: objects.min(NAMESPACES), bench }
+    }
+
+    /// Objects in each namespace, in list order.
+    fn spread(&self) -> Vec<usize> {
+        let (each, rest) = (self.objects / self.namespaces, self.objects % self.namespaces);
+        (0..self.namespaces).map(|n| each + usize::from(n < rest)).collect()
+    }
+}
+
+// ---- fixtures -----------------------------------------------------------------------------
+
+fn namespace(n: usize) -> String {
+    format!("team-{n:03}")
+}
+
+fn list(pairs: &[(&str, &str)]) -> BTreeMap<String, K8sQuantity> {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), K8sQuantity((*v).to_owned()))).collect()
+}
+
+fn requirements(requests: [&str; 2], limits: [&str; 2]) -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(list(&[("cpu", requests[0]), ("memory", requests[1])])),
+        limits: Some(list(&[("cpu", limits[0]), ("memory", limits[1])])),
+        ..ResourceRequirements::default()
+    }
+}
+
+/// A running Burstable pod as the apiserver serves it under v1.36: an app container and a
+/// proxy sidecar, both with cpu/memory requests and limits, a priority class, and the
+/// container statuses the kubelet fills in (allocated and actuated resources). Labels and
+/// images are there for realism; the projection ignores them.
+fn pod(app_requests: [&str; 2], app_limits: [&str; 2], priority_class: &str) -> Pod {
+    let containers = [("app", app_requests, app_limits), ("proxy", ["50m", "64Mi"], ["200m", "128Mi"])];
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(String::with_capacity(64)),
+            namespace: Some(String::with_capacity(64)),
+            labels: Some(BTreeMap::from([
+                ("app".to_owned(), "web".to_owned()),
+                ("pod-template-hash".to_owned(), "7d9f8b6c5d".to_owned()),
+            ])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            containers: containers
+                .iter()
+                .map(|(name, requests, limits)| Container {
+                    name: (*name).to_owned(),
+                    image: Some(format!("registry.example/{name}:1.4.2")),
+                    resources: Some(requirements(*requests, *limits)),
+                    ..Container::default()
+                })
+                .collect(),
+            priority_class_name: Some(priority_class.to_owned()),
+            ..PodSpec::default()
+        }),
+        status: Some(PodStatus {
+            phase: Some("Running".to_owned()),
+            qos_class: Some("Burstable".to_owned()),
+            container_statuses: Some(
+                containers
+                    .iter()
+                    .map(|(name, requests, limits)| ContainerStatus {
+                        name: (*name).to_owned(),
+                        ready: true,
+                        allocated_resources: Some(list(&[("cpu", requests[0]), ("memory", requests[1])])),
+                        resources: Some(requirements(*requests, *limits)),
+                        ..ContainerStatus::default()
+                    })
+                    .collect(),
+            ),
+            ..PodStatus::default()
+        }),
+    }
+}
+
+/// A few pod shapes, cycled through: the objects differ in values and priority class.
+fn pod_templates() -> Vec<Pod> {
+    vec![
+        pod(["100m", "128Mi"], ["500m", "256Mi"], "standard"),
+        pod(["250m", "256Mi"], ["1", "512Mi"], "standard"),
+        pod(["500m", "512Mi"], ["2", "1Gi"], "high"),
+        pod(["50m", "64Mi"], ["200m", "128Mi"], "batch"),
+    ]
+}
+
+fn served(resource: GroupResource, kind: &str) -> ServedResource {
+    ServedResource {
+        resource,
+        version: "v1".to_owned(),
+        kind: kind.to_owned(),
+        namespaced: true,
+        verbs: ["create", "delete", "get", "list", "patch", "update", "watch"].map(String::from).to_vec(),
+    }
+}
+
+fn quota(namespace: &str, hard: &[(&str, &str)]) -> ResourceQuota {
+    ResourceQuota {
+        metadata: ObjectMeta {
+            name: Some("compute".to_owned()),
+            namespace: Some(namespace.to_owned()),
+            resource_version: Some("4242".to_owned()),
+            uid: Some(format!("uid-{namespace}-compute")),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ResourceQuotaSpec { hard: Some(list(hard)), ..ResourceQuotaSpec::default() }),
+        status: None,
+    }
+}
+
+/// An engine set up as the controller sets it up: one discovery run, one quota per
+/// namespace, and every partition that the quotas' demand changes ask for held.
+struct Setup {
+    engine: Engine,
+    kind: StoreKind,
+    partitions: Vec<PartitionKey>,
+    quotas: Vec<QuotaKey>,
+}
+
+fn setup(cluster: &ClusterName, served: ServedResource, hard: &[(&str, &str)], namespaces: usize) -> Setup {
+    let mut engine = Engine::new(FeatureGates::default());
+    engine.discovered(cluster, vec![served], &[]);
+    let mut kinds = Vec::new();
+    let mut partitions = Vec::new();
+    let mut quotas = Vec::new();
+    for n in 0..namespaces {
+        let ns = namespace(n);
+        let key = QuotaKey::new(cluster, &ns, "compute");
+        let update = engine.apply_quota(key.clone(), &quota(&ns, hard));
+        assert!(update.recompute && update.problems.is_empty(), "{update:?}");
+        for change in update.changes {
+            let Some(need) = change.to else { continue };
+            let kind = store_kind(&change.resource, need);
+            let p = PartitionKey {
+                cluster: change.cluster,
+                resource: change.resource,
+                namespace: change.namespace,
+            };
+            engine.hold(kind, p.clone());
+            kinds.push(kind);
+            partitions.push(p);
+        }
+        quotas.push(key);
+    }
+    assert_eq!(partitions.len(), namespaces, "one held partition per namespace");
+    let kind = kinds[0];
+    assert!(kinds.iter().all(|k| *k == kind));
+    Setup { engine, kind, partitions, quotas }
+}
+
+/// An eager watch's list: every held partition relisted at once (the peak of a relist is
+/// then both generations of everything), objects in the apiserver's order (by namespace).
+fn list_pods(s: &mut Setup, spread: &[usize], templates: &mut [Pod], interner: &Interner) {
+    let gates = s.engine.gates();
+    for p in &s.partitions {
+        s.engine.begin_relist(s.kind, p);
+    }
+    for (n, (p, count)) in s.partitions.iter().zip(spread).enumerate() {
+        for i in 0..*count {
+            let pod = &mut templates[i % templates.len()];
+            let meta = &mut pod.metadata;
+            let ns = meta.namespace.get_or_insert_with(String::new);
+            ns.clear();
+            ns.push_str(&p.namespace);
+            let name = meta.name.get_or_insert_with(String::new);
+            name.clear();
+            write!(name, "web-{n:03}-7d9f8b6c5d-{i:06}").expect("writing to a String");
+            let projected = PodProjection::from_pod(pod, gates, interner)
+                .map_or_else(|e| Projected::Malformed(e.to_string()), Projected::Pod);
+            let id = object_id(pod.metadata.name.as_deref().unwrap_or_default());
+            if let Some(reason) = s.engine.relist_apply(s.kind, p, id, projected) {
+                panic!("pod not stored: {reason}");
+            }
+        }
+    }
+    for p in &s.partitions {
+        s.engine.finish_relist(s.kind, p);
+    }
+}
+
+fn list_counts(s: &mut Setup, spread: &[usize], name: &mut String) {
+    for p in &s.partitions {
+        s.engine.begin_relist(s.kind, p);
+    }
+    for (n, (p, count)) in s.partitions.iter().zip(spread).enumerate() {
+        for i in 0..*count {
+            name.clear();
+            write!(name, "widget-{n:03}-{i:06}").expect("writing to a String");
+            if let Some(reason) = s.engine.relist_apply(s.kind, p, object_id(name), Projected::Meta) {
+                panic!("object not stored: {reason}");
+            }
+        }
+    }
+    for p in &s.partitions {
+        s.engine.finish_relist(s.kind, p);
+    }
+}
+
+// ---- measuring ----------------------------------------------------------------------------
+
+/// What one case measured.
+struct Measured {
+    objects: usize,
+    namespaces: usize,
+    before: HeapStats,
+    after_setup: HeapStats,
+    after: HeapStats,
+    /// Stats after a full relist of every object.
+    relisted: HeapStats,
+    /// The store's own accounting (`held_by_resource`): objects and bytes.
+    store_estimate: (usize, usize),
+    compute_first: Duration,
+    compute_median: Duration,
+    quotas: usize,
+}
+
+impl Measured {
+    fn growth(&self) -> usize {
+        self.after.curr_bytes - self.before.curr_bytes
+    }
+
+    fn per_object(&self) -> usize {
+        self.growth() / self.objects
+    }
+
+    fn objects_only_per_object(&self) -> usize {
+        (self.after.curr_bytes - self.after_setup.curr_bytes) / self.objects
+    }
+
+    fn blocks_per_object(&self) -> f64 {
+        ratio(self.after.curr_blocks - self.before.curr_blocks, self.objects)
+    }
+
+    /// The relist's peak, if it was the highest point so far (it always is unless the
+    /// objects are very few: then the initial list's transient tables may exceed it).
+    fn relist_peak(&self) -> usize {
+        self.relisted.max_bytes
+    }
+}
+
+/// Computes every quota once (checking the result), then `COMPUTE_PASSES` more times;
+/// returns the first pass's time and the median pass's.
+fn time_compute(engine: &Engine, quotas: &[QuotaKey], key: &str, expected: &[usize]) -> (Duration, Duration) {
+    let now = Time::from_unix_seconds(1_800_000_000);
+    let start = Instant::now();
+    let computed: Vec<_> = quotas.iter().map(|q| engine.compute(q, now)).collect();
+    let first = start.elapsed();
+    for ((q, c), want) in quotas.iter().zip(&computed).zip(expected) {
+        let c = c.as_ref().unwrap_or_else(|| panic!("{q} unknown"));
+        let used = c.decision.used.get(key);
+        assert!(
+            used.is_some_and(|v| same_value(v, &K8sQuantity(want.to_string()))),
+            "{q}: {key} = {used:?}, not {want} (unsynced {:?})",
+            c.unsynced
+        );
+    }
+    drop(computed);
+    let mut passes: Vec<Duration> = (0..COMPUTE_PASSES)
+        .map(|_| {
+            let start = Instant::now();
+            for q in quotas {
+                black_box(engine.compute(black_box(q), now));
+            }
+            start.elapsed()
+        })
+        .collect();
+    passes.sort_unstable();
+    (first, passes[passes.len() / 2])
+}
+
+fn measure_pods(cfg: &Config, cluster: &ClusterName) -> Measured {
+    let spread = cfg.spread();
+    let profiler = dhat::Profiler::builder().testing().build();
+    // Scaffolding (the typed pods the watch would deserialize) is not the engine's: it is in
+    // "before", and the engine's growth is measured from there.
+    let mut templates = pod_templates();
+    let before = HeapStats::get();
+    let interner = Interner::new();
+    let mut s = setup(
+        cluster,
+        served(GroupResource::core("pods"), "Pod"),
+        &[("pods", "2000"), ("requests.cpu", "500"), ("limits.memory", "2Ti")],
+        cfg.namespaces,
+    );
+    assert_eq!(s.kind, StoreKind::Pods);
+    let after_setup = HeapStats::get();
+    list_pods(&mut s, &spread, &mut templates, &interner);
+    let after = HeapStats::get();
+    // A full relist (410 Gone, or a restarted eager watch): both generations side by side.
+    list_pods(&mut s, &spread, &mut templates, &interner);
+    let relisted = HeapStats::get();
+    drop(profiler);
+    assert!(interner.len() <= 3, "priority classes are interned once each");
+    let store_estimate = s.engine.held_by_resource().get("count/pods").copied().unwrap_or_default();
+    let (compute_first, compute_median) = time_compute(&s.engine, &s.quotas, "pods", &spread);
+    Measured {
+        objects: cfg.objects,
+        namespaces: cfg.namespaces,
+        before,
+        after_setup,
+        after,
+        relisted,
+        store_estimate,
+        compute_first,
+        compute_median,
+        quotas: s.quotas.len(),
+    }
+}
+
+fn measure_counts(cfg: &Config, cluster: &ClusterName) -> Measured {
+    let spread = cfg.spread();
+    let profiler = dhat::Profiler::builder().testing().build();
+    let mut name = String::with_capacity(64);
+    let before = HeapStats::get();
+    let mut s = setup(
+        cluster,
+        served(GroupResource::new("example.io", "widgets"), "Widget"),
+        &[(WIDGETS_COUNT_KEY, "5000")],
+        cfg.namespaces,
+    );
+    assert_eq!(s.kind, StoreKind::Counts);
+    let after_setup = HeapStats::get();
+    list_counts(&mut s, &spread, &mut name);
+    let after = HeapStats::get();
+    list_counts(&mut s, &spread, &mut name);
+    let relisted = HeapStats::get();
+    drop(profiler);
+    let store_estimate = s.engine.held_by_resource().get(WIDGETS_COUNT_KEY).copied().unwrap_or_default();
+    let (compute_first, compute_median) = time_compute(&s.engine, &s.quotas, WIDGETS_COUNT_KEY, &spread);
+    Measured {
+        objects: cfg.objects,
+        namespaces: cfg.namespaces,
+        before,
+        after_setup,
+        after,
+        relisted,
+        store_estimate,
+        compute_first,
+        compute_median,
+        quotas: s.quotas.len(),
+    }
+}
+
+// ---- reporting ----------------------------------------------------------------------------
+
+#[allow(clippy::cast_precision_loss)] // display only
+fn ratio(a: usize, b: usize) -> f64 {
+    a as f64 / b as f64
+}
+
+/// `1234567` → `1,234,567`.
+fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn bytes(n: usize) -> String {
+    format!("{} B ({:.1} MiB)", thousands(n), ratio(n, 1 << 20))
+}
+
+fn millis(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+fn verdict(value: usize, target: usize) -> String {
+    if value <= target { format!("≤ {target} B: met") } else { format!("≤ {target} B: **missed**") }
+}
+
+fn report(cfg: &Config, pods: &Measured, counts: &Measured) -> String {
+    let mut rows: Vec<(String, String, String)> = Vec::new();
+    let mut row = |label: &str, f: &dyn Fn(&Measured) -> String| {
+        rows.push((label.to_owned(), f(pods), f(counts)));
+    };
+    row("objects / namespaces", &|m| format!("{} / {}", thousands(m.objects), m.namespaces));
+    row("heap before (scaffolding: typed pod templates, name buffer)", &|m| bytes(m.before.curr_bytes));
+    row("heap after setup (engine, discovery, quotas, held partitions)", &|m| {
+        bytes(m.after_setup.curr_bytes)
+    });
+    row("heap after the objects", &|m| bytes(m.after.curr_bytes));
+    row("heap growth", &|m| bytes(m.growth()));
+    row("**bytes per object** (growth / objects)", &|m| format!("**{} B**", m.per_object()));
+    row("bytes per object, objects only (setup excluded)", &|m| format!("{} B", m.objects_only_per_object()));
+    row("heap blocks per object", &|m| format!("{:.2}", m.blocks_per_object()));
+    row("store's own estimate (`held_by_resource`) per object", &|m| {
+        format!("{} B", m.store_estimate.1 / m.store_estimate.0.max(1))
+    });
+    row("target", &|m| {
+        let target = if std::ptr::eq(m, pods) { POD_TARGET } else { COUNT_TARGET };
+        verdict(m.per_object(), target)
+    });
+    row("relist peak (old + new generation)", &|m| bytes(m.relist_peak()));
+    row("relist peak / heap after the objects", &|m| {
+        format!("{:.2}×", ratio(m.relist_peak(), m.after.curr_bytes))
+    });
+    row("heap after the relist", &|m| bytes(m.relisted.curr_bytes));
+    row("compute every quota once (first pass)", &|m| {
+        format!("{} ({} quotas)", millis(m.compute_first), m.quotas)
+    });
+    row("compute every quota once (median of 10 passes)", &|m| millis(m.compute_median));
+
+    let mut out = String::new();
+    let _ = writeln!(out, "# Heap per watched object\n");
+    let _ = writeln!(
+        out,
+        "`{}cargo bench -p lazyquota-index --bench heap` ({} objects per case, spread over {} namespaces).\n",
+        if cfg.objects == DEFAULT_OBJECTS {
+            String::new()
+        } else {
+            format!("LAZYQUOTA_BENCH_OBJECTS={} ", cfg.objects)
+        },
+        thousands(cfg.objects),
+        cfg.namespaces,
+    );
+    let _ = writeln!(out, "| | pods (`StoreKind::Pods`) | count-only (`StoreKind::Counts`) |");
+    let _ = writeln!(out, "| --- | ---: | ---: |");
+    for (label, a, b) in &rows {
+        let _ = writeln!(out, "| {label} | {a} | {b} |");
+    }
+    let _ = writeln!(
+        out,
+        "\n- Pods: realistic running Burstable pods (2 containers with cpu/memory requests and limits, \
+         a priority class out of 3, container statuses with allocated and actuated resources), each \
+         projected with `PodProjection::from_pod` (one shared `Interner`), stored with `relist_apply`; \
+         quotas demand `pods`, `requests.cpu`, `limits.memory`. `size_of::<PodProjection>()` = {} B, \
+         a table slot (`(u64, PodProjection)`) = {} B.",
+        size_of::<PodProjection>(),
+        size_of::<(u64, PodProjection)>(),
+    );
+    let _ = writeln!(
+        out,
+        "- Count-only: `Projected::Meta` objects under a `{WIDGETS_COUNT_KEY}` quota per namespace; a \
+         table slot (`(u64, ())`) = {} B plus one control byte.",
+        size_of::<(u64, ())>(),
+    );
+    let _ = writeln!(
+        out,
+        "- Bytes are dhat's live heap bytes (requested sizes: the allocator's own per-block overhead is \
+         not included), counted from a profiler started at the beginning of each case. Growth includes everything the engine keeps: projections and their heap, \
+         interned strings, hash tables at their real capacity, quotas, discovery and partition keys. \
+         The typed pods themselves are transient and not kept.",
+    );
+    let _ = writeln!(
+        out,
+        "- The initial list and the relist are an eager watch's: `begin_relist` of every held \
+         partition, `relist_apply` of every object, `finish_relist` of every partition; the relist \
+         peak is dhat's global maximum after it.",
+    );
+    let _ = writeln!(
+        out,
+        "- Compute times are measured after the profiler has stopped (`Engine::compute` of every \
+         quota, one thread); the first pass's results are checked (`pods` / `{WIDGETS_COUNT_KEY}` = \
+         the objects in the namespace).",
+    );
+    out
+}
+
+fn results_path(cfg: &Config) -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/results");
+    let file = if cfg.objects == DEFAULT_OBJECTS {
+        "heap.md".to_owned()
+    } else {
+        format!("heap-{}.md", cfg.objects)
+    };
+    dir.join(file)
+}
+
+fn main() {
+    let cfg = Config::from_env();
+    let cluster = ClusterName::new("bench");
+    eprintln!("heap: {} objects per case over {} namespaces", cfg.objects, cfg.namespaces);
+    let pods = measure_pods(&cfg, &cluster);
+    let counts = measure_counts(&cfg, &cluster);
+    let table = report(&cfg, &pods, &counts);
+    println!("{table}");
+    if cfg.bench {
+        let path = results_path(&cfg);
+        let dir = path.parent().expect("a results directory");
+        std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        std::fs::write(&path, &table).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+        eprintln!("heap: wrote {}", path.canonicalize().unwrap_or(path).display());
+    }
+}
