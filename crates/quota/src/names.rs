@@ -64,7 +64,8 @@ pub const LIMITS_PREFIX: &str = "limits.";
 pub const HUGEPAGES_PREFIX: &str = "hugepages-";
 /// `ResourceRequestsHugePagesPrefix`.
 pub const REQUESTS_HUGEPAGES_PREFIX: &str = "requests.hugepages-";
-/// `limits.hugepages-`: accepted by validation, matched by no evaluator.
+/// `limits.hugepages-`: matched by no evaluator; the v1.36 apiserver rejects it in `spec.hard`
+/// (neither a standard quota name nor fully qualified), so only invalid input carries it.
 pub const LIMITS_HUGEPAGES_PREFIX: &str = "limits.hugepages-";
 /// `ResourceDefaultNamespacePrefix`: names containing it are native.
 pub const DEFAULT_NAMESPACE_PREFIX: &str = "kubernetes.io/";
@@ -322,7 +323,7 @@ pub enum QuotaResourceName<'a> {
     HugePages(&'a str),
     /// `requests.hugepages-<size>`.
     RequestsHugePages(&'a str),
-    /// `limits.hugepages-<size>`: valid but matched by no evaluator.
+    /// `limits.hugepages-<size>`: matched by no evaluator (and rejected by API validation).
     LimitsHugePages(&'a str),
     /// `count/<resource>[.<group>]`.
     ObjectCount(GroupResource),

@@ -1,6 +1,7 @@
 //! The pods evaluator (`pkg/quota/v1/evaluator/core/pods.go`) over a compact projection, with
 //! the pod resource maths of `k8s.io/component-helpers/resource/helpers.go`.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
@@ -134,75 +135,19 @@ fn status_resources<'a>(
     })
 }
 
-/// Selects one container's resource list, given its status (if consulted) and whether the
-/// pod's resize is infeasible.
-type Getter =
-    for<'c> fn(&'c ContainerResources<'_>, Option<&'c StatusResources<'_>>, bool) -> Option<&'c List>;
-
-fn spec_requests<'c>(
-    c: &'c ContainerResources<'_>,
-    _: Option<&'c StatusResources<'_>>,
-    _: bool,
-) -> Option<&'c List> {
-    c.requests.as_ref()
-}
-
-fn allocated_requests<'c>(
-    c: &'c ContainerResources<'_>,
-    cs: Option<&'c StatusResources<'_>>,
-    infeasible: bool,
-) -> Option<&'c List> {
-    if let Some(allocated) = cs.and_then(|s| s.allocated.as_ref()) {
-        return Some(allocated);
-    }
-    if infeasible { None } else { c.requests.as_ref() }
-}
-
-fn actuated_requests<'c>(
-    c: &'c ContainerResources<'_>,
-    cs: Option<&'c StatusResources<'_>>,
-    infeasible: bool,
-) -> Option<&'c List> {
-    if let Some(requests) = cs
-        .and_then(|s| s.resources.as_ref())
-        .and_then(|(r, _)| r.as_ref())
-    {
-        return Some(requests);
-    }
-    if let Some(allocated) = cs.and_then(|s| s.allocated.as_ref()) {
-        return Some(allocated);
-    }
-    if infeasible { None } else { c.requests.as_ref() }
-}
-
-fn spec_limits<'c>(
-    c: &'c ContainerResources<'_>,
-    _: Option<&'c StatusResources<'_>>,
-    _: bool,
-) -> Option<&'c List> {
-    c.limits.as_ref()
-}
-
-fn actuated_limits<'c>(
-    c: &'c ContainerResources<'_>,
-    cs: Option<&'c StatusResources<'_>>,
-    infeasible: bool,
-) -> Option<&'c List> {
-    if let Some(limits) = cs
-        .and_then(|s| s.resources.as_ref())
-        .and_then(|(_, l)| l.as_ref())
-    {
-        return Some(limits);
-    }
-    if infeasible { None } else { c.limits.as_ref() }
+/// Which list of a container `aggregateContainerResourcesByFn`-style sums read.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Requests,
+    Limits,
 }
 
 /// Everything `PodRequests`/`PodLimits` read, parsed once.
 struct PodResources<'a> {
     containers: Vec<ContainerResources<'a>>,
     init_containers: Vec<ContainerResources<'a>>,
-    /// Container statuses then init container statuses: the search order of
-    /// `findContainerStatus`.
+    /// Container statuses then init container statuses, in the order upstream fills its
+    /// name-keyed map (a later entry with the same name wins).
     statuses: Vec<StatusResources<'a>>,
     infeasible: bool,
     pod_requests: Option<List>,
@@ -213,29 +158,76 @@ struct PodResources<'a> {
 }
 
 impl PodResources<'_> {
+    /// The status upstream's `containerStatuses[name]` map yields: the last entry with that
+    /// name, init container statuses after container statuses.
     fn find_status(&self, name: &str) -> Option<&StatusResources<'_>> {
-        self.statuses.iter().find(|s| s.name == name)
+        self.statuses.iter().rev().find(|s| s.name == name)
     }
 
-    /// `aggregateContainerResourcesByFn`: sum of app containers and sidecars, maxed with
-    /// each init container's init-time usage (itself plus the sidecars started before it).
-    fn aggregate(&self, use_status: bool, get: Getter) -> List {
-        let status = |name: &str| if use_status { self.find_status(name) } else { None };
+    /// One container's effective list in `AggregateContainerRequests` /
+    /// `AggregateContainerLimits` (component-helpers v0.36): with `UseStatusResources`, an app
+    /// container or a restartable init container whose status exists with non-nil
+    /// `resources` uses `determineEffectiveRequests` (per resource `max(spec, actuated,
+    /// allocated)`, or `max(actuated, allocated)` when the resize is infeasible) or
+    /// `determineEffectiveLimits` (`max(spec, actuated)`, or `actuated` alone); every other
+    /// container uses its spec. `allocatedResources` alone (nil `resources`) is ignored.
+    fn effective<'s>(
+        &'s self,
+        c: &'s ContainerResources<'_>,
+        init: bool,
+        use_status: bool,
+        kind: Kind,
+    ) -> Option<Cow<'s, List>> {
+        let spec = match kind {
+            Kind::Requests => c.requests.as_ref(),
+            Kind::Limits => c.limits.as_ref(),
+        };
+        let status = (use_status && (!init || c.restartable))
+            .then(|| self.find_status(c.name))
+            .flatten();
+        let Some((status, (actuated_requests, actuated_limits))) =
+            status.and_then(|s| s.resources.as_ref().map(|r| (s, r)))
+        else {
+            return spec.map(Cow::Borrowed);
+        };
+        let empty = List::new();
+        match kind {
+            Kind::Requests => {
+                let actuated = actuated_requests.as_ref().unwrap_or(&empty);
+                let allocated = status.allocated.as_ref().unwrap_or(&empty);
+                Some(Cow::Owned(if self.infeasible {
+                    max_of(actuated, &[allocated])
+                } else {
+                    max_of(spec.unwrap_or(&empty), &[actuated, allocated])
+                }))
+            }
+            Kind::Limits if self.infeasible => actuated_limits.as_ref().map(Cow::Borrowed),
+            Kind::Limits => Some(Cow::Owned(max_of(
+                spec.unwrap_or(&empty),
+                &[actuated_limits.as_ref().unwrap_or(&empty)],
+            ))),
+        }
+    }
+
+    /// `AggregateContainerRequests` / `AggregateContainerLimits`: sum of app containers and
+    /// sidecars, maxed with each init container's init-time usage (itself plus the sidecars
+    /// started before it).
+    fn aggregate(&self, use_status: bool, kind: Kind) -> List {
         let mut result = List::new();
         for c in &self.containers {
-            add_list(&mut result, get(c, status(c.name), self.infeasible));
+            add_list(&mut result, self.effective(c, false, use_status, kind).as_deref());
         }
         let mut sidecars = List::new();
         let mut init_max = List::new();
         for c in &self.init_containers {
-            let own = get(c, status(c.name), self.infeasible);
+            let own = self.effective(c, true, use_status, kind);
             if c.restartable {
-                add_list(&mut result, own);
-                add_list(&mut sidecars, own);
+                add_list(&mut result, own.as_deref());
+                add_list(&mut sidecars, own.as_deref());
                 max_list(&mut init_max, Some(&sidecars));
             } else {
                 let mut combined = List::new();
-                add_list(&mut combined, own);
+                add_list(&mut combined, own.as_deref());
                 add_list(&mut combined, Some(&sidecars));
                 max_list(&mut init_max, Some(&combined));
             }
@@ -246,31 +238,12 @@ impl PodResources<'_> {
 
     /// `AggregateContainerRequests`.
     fn container_requests(&self, use_status: bool) -> List {
-        if !use_status {
-            return self.aggregate(false, spec_requests);
-        }
-        let spec = self.aggregate(true, spec_requests);
-        let allocated = self.aggregate(true, allocated_requests);
-        let actuated = self.aggregate(true, actuated_requests);
-        if self.infeasible {
-            max_of(&actuated, &[&allocated])
-        } else {
-            max_of(&spec, &[&actuated, &allocated])
-        }
+        self.aggregate(use_status, Kind::Requests)
     }
 
     /// `AggregateContainerLimits`.
     fn container_limits(&self, use_status: bool) -> List {
-        if !use_status {
-            return self.aggregate(false, spec_limits);
-        }
-        let spec = self.aggregate(true, spec_limits);
-        let actuated = self.aggregate(true, actuated_limits);
-        if self.infeasible {
-            actuated
-        } else {
-            max_of(&spec, &[&actuated])
-        }
+        self.aggregate(use_status, Kind::Limits)
     }
 
     /// `PodRequests` with the options the pods evaluator passes.

@@ -75,9 +75,9 @@ pub enum ScopeOperator {
     Exists,
     /// `DoesNotExist`.
     DoesNotExist,
-    /// No operator. Upstream's `CalculateUsageStats` turns each `spec.scopes` entry into a
-    /// requirement with an **empty** operator (not `Exists`), which matters for the
-    /// PriorityClass and VolumeAttributesClass scopes: their selector conversion fails.
+    /// No operator: only a `scopeSelector` expression written without one (API validation
+    /// rejects it). For the PriorityClass and VolumeAttributesClass scopes the selector
+    /// conversion then fails; the other scopes ignore the operator.
     Unset,
     /// Any other spelling (rejected by API validation; kept so matching fails like upstream).
     Invalid(String),
@@ -122,11 +122,11 @@ pub struct ScopeRequirement {
 
 impl ScopeRequirement {
     /// A requirement built from a `spec.scopes` entry, exactly as `CalculateUsageStats` builds
-    /// it: no operator and no values.
+    /// it (k8s.io/apiserver v0.36 `generic/evaluator.go`): operator `Exists`, no values.
     pub fn from_scope(scope: &str) -> Self {
         Self {
             scope: ScopeName::parse(scope),
-            operator: ScopeOperator::Unset,
+            operator: ScopeOperator::Exists,
             values: Vec::new(),
         }
     }
@@ -210,7 +210,7 @@ pub fn selector_matches(requirement: &ScopeRequirement, value: Option<&str>) -> 
 }
 
 /// All scope requirements of a quota, in upstream evaluation order: `spec.scopes` first (as
-/// requirements without operator), then `spec.scopeSelector.matchExpressions`.
+/// `Exists` requirements), then `spec.scopeSelector.matchExpressions`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct QuotaScopes {
     requirements: Vec<ScopeRequirement>,

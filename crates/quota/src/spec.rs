@@ -36,9 +36,11 @@ pub enum SpecProblem {
         /// What is wrong.
         reason: String,
     },
-    /// `spec.scopes` holds a selector-only scope (PriorityClass, VolumeAttributesClass):
-    /// upstream evaluates it without operator, which fails, so every usage stays 0.
-    #[error("spec.scopes contains {scope}, which upstream cannot evaluate without an operator")]
+    /// A `scopeSelector` expression for a selector scope (PriorityClass,
+    /// VolumeAttributesClass) without operator (API validation rejects it): upstream's selector
+    /// conversion fails, so usage calculation stops at the first object. (`spec.scopes` entries
+    /// are evaluated as `Exists` and never hit this.)
+    #[error("scopeSelector {scope}: an expression without an operator cannot be evaluated")]
     ScopeWithoutOperator {
         /// The scope.
         scope: String,

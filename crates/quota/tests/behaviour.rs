@@ -435,7 +435,8 @@ fn spec_parsing_reports_each_culprit() {
                 {"scopeName": "PriorityClass", "operator": "In"},
                 {"scopeName": "PriorityClass", "operator": "Near", "values": ["x"]},
                 {"scopeName": "Terminating", "operator": "In", "values": ["x"]},
-                {"scopeName": "PriorityClass", "operator": "NotIn", "values": ["ok"]}]}
+                {"scopeName": "PriorityClass", "operator": "NotIn", "values": ["ok"]},
+                {"scopeName": "PriorityClass", "operator": ""}]}
         }
     }))
     .unwrap();
@@ -444,7 +445,7 @@ fn spec_parsing_reports_each_culprit() {
     assert_eq!(spec.hard.len(), 2);
     assert_eq!(
         spec.scopes.requirements().len(),
-        8,
+        9,
         "kept even when invalid, like upstream"
     );
     let messages: Vec<String> = spec.problems.iter().map(ToString::to_string).collect();
@@ -652,7 +653,10 @@ fn scope_error_returns_the_partial_sum() {
         pod_projection(json!({"metadata": {}, "spec": {"containers": [{"name": "a"}]}})),
         pod_projection(json!({"metadata": {}, "spec": {"containers": [{"name": "a"}]}})),
     ];
-    let scopes = QuotaScopes::from_k8s(Some(&["PriorityClass".to_owned()]), None);
+    // (A `spec.scopes` entry is evaluated as `Exists`; only an expression without operator,
+    // which validation rejects, fails the selector conversion.)
+    let no_operator = json!({"matchExpressions": [{"scopeName": "PriorityClass", "operator": ""}]});
+    let scopes = QuotaScopes::from_k8s(None, Some(&serde_json::from_value(no_operator).unwrap()));
     let stats = calculate_usage(&["pods"], &scopes, &pods, Time::from_unix_seconds(NOW), gates());
     assert!(stats.scope_error.is_some());
     assert_eq!(stats.used["pods"], Quantity::zero(Format::DecimalSI));

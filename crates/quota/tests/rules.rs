@@ -447,6 +447,53 @@ fn cases() -> Vec<Case> {
             vec![resize("3", "1", "1", true)],
             &[("requests.cpu", Some("1")), ("limits.cpu", Some("1"))],
         ),
+        case(
+            "resize: the max is taken per container, before summing (component-helpers v0.36)",
+            quota(&["requests.cpu", "limits.cpu"]),
+            vec![pod(
+                "r",
+                json!({"containers": [
+                    {"name": "a", "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "2"}}},
+                    {"name": "b", "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}}}]}),
+                json!({"phase": "Running", "containerStatuses": [
+                    {"name": "a", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                     "allocatedResources": {"cpu": "1"},
+                     "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}}},
+                    {"name": "b", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                     "allocatedResources": {"cpu": "1"},
+                     "resources": {"requests": {"cpu": "3"}, "limits": {"cpu": "3"}}}]}),
+            )],
+            &[("requests.cpu", Some("5")), ("limits.cpu", Some("5"))],
+        ),
+        case(
+            "resize: a status without resources is ignored, allocatedResources included",
+            quota(&["requests.cpu"]),
+            vec![pod(
+                "r",
+                app(json!({"cpu": "1"}), json!({})),
+                json!({"phase": "Running", "containerStatuses": [
+                    {"name": "app", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                     "allocatedResources": {"cpu": "4"}}]}),
+            )],
+            &[("requests.cpu", Some("1"))],
+        ),
+        case(
+            "resize: only sidecars among init containers use their status",
+            quota(&["requests.cpu"]),
+            vec![pod(
+                "r",
+                json!({"containers": [{"name": "app", "resources": {"requests": {"cpu": "1"}}}],
+                       "initContainers": [
+                    {"name": "init", "resources": {"requests": {"cpu": "1"}}},
+                    {"name": "side", "restartPolicy": "Always", "resources": {"requests": {"cpu": "1"}}}]}),
+                json!({"phase": "Running", "initContainerStatuses": [
+                    {"name": "init", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                     "resources": {"requests": {"cpu": "7"}}},
+                    {"name": "side", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                     "resources": {"requests": {"cpu": "2"}}}]}),
+            )],
+            &[("requests.cpu", Some("3"))],
+        ),
         Case {
             gates: gates_off(|g| g.in_place_pod_vertical_scaling = false),
             ..case(
@@ -567,10 +614,10 @@ fn cases() -> Vec<Case> {
             &[("pods", Some("1"))],
         ),
         case(
-            "pod scopes: PriorityClass in spec.scopes has no operator, fails, usage stays 0",
+            "pod scopes: PriorityClass in spec.scopes is evaluated as Exists",
             scoped(&["pods", "cpu"], &["PriorityClass"], Value::Null),
             classes(),
-            &[("pods", Some("0")), ("cpu", Some("0"))],
+            &[("pods", Some("2")), ("cpu", Some("2"))],
         ),
         case(
             "pod scopes: CrossNamespacePodAffinity (an empty namespaceSelector counts)",

@@ -16,6 +16,8 @@
 //!   a `cargo test` run shares it. It is left running for the next binary; `make test` stops
 //!   it at the end (`make cp-stop` does too).
 
+pub mod fixtures;
+
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
