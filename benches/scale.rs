@@ -12,6 +12,15 @@
 //! Writes `scale.md` (tables), `scale.dat` and, with gnuplot installed, `scale.png` into
 //! `benches/results/` (or `--out`).
 
+// A measurement harness: counts become f64 for reporting, and each measurement reads best
+// as one sequence of steps.
+#![allow(
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::type_complexity
+)]
+
 use std::{
     collections::BTreeMap,
     fmt::Write as _,
@@ -490,8 +499,7 @@ async fn measure(
         while !api
             .list(&ListParams::default())
             .await
-            .map(|l| l.items.is_empty())
-            .unwrap_or(false)
+            .is_ok_and(|l| l.items.is_empty())
         {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -659,7 +667,9 @@ impl Process {
         if self.child.try_wait().ok().flatten().is_some() {
             return;
         }
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
         for _ in 0..100 {
             if self.child.try_wait().ok().flatten().is_some() {
                 return;
@@ -719,11 +729,16 @@ fn start(controller: Controller, kubeconfig: &Path, state: &Path) -> Process {
                 metrics_url: format!("https://127.0.0.1:{port}"),
             }
         }
-        Controller::Eager | Controller::Lazy => {
+        Controller::Eager | Controller::Lazy | Controller::LazyHttp2 => {
             let mode = if controller == Controller::Eager {
                 "eager"
             } else {
                 "lazy"
+            };
+            let transport = if controller == Controller::LazyHttp2 {
+                "http2"
+            } else {
+                "http1"
             };
             let child = Command::new(env!("CARGO_BIN_EXE_lazyquota"))
                 .args([
@@ -733,6 +748,7 @@ fn start(controller: Controller, kubeconfig: &Path, state: &Path) -> Process {
                     "--mode",
                     mode,
                 ])
+                .args(["--transport", transport])
                 .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
                 .env("RUST_LOG", "warn")
                 .stdout(Stdio::null())
@@ -867,11 +883,16 @@ fn write_results(args: &Args, results: &Results) {
     }
     let slope_table = |md: &mut String, lo: usize, hi: usize, title: &str| {
         let _ = writeln!(md, "\n## {title} (slope from N = {lo} to N = {hi})\n");
-        let _ = writeln!(md, "| controller | tasks / CRD | heap KiB / CRD | RSS KiB / CRD | watch conns / CRD | apiserver watches / CRD |");
+        let _ = writeln!(
+            md,
+            "| controller | tasks / CRD | heap KiB / CRD | RSS KiB / CRD | watch conns / CRD | apiserver watches / CRD |"
+        );
         let _ = writeln!(md, "|---|---|---|---|---|---|");
         let dn = (hi - lo) as f64;
         for c in controllers {
-            let (Some(a), Some(b)) = (results.get(&(lo, c.name())), results.get(&(hi, c.name()))) else { continue };
+            let (Some(a), Some(b)) = (results.get(&(lo, c.name())), results.get(&(hi, c.name()))) else {
+                continue;
+            };
             let _ = writeln!(
                 md,
                 "| {} | {:.3} | {:.2} | {:.2} | {:.3} | {:.3} |",
@@ -895,8 +916,15 @@ fn write_results(args: &Args, results: &Results) {
         if let [.., a, b] = above[..] {
             slope_table(&mut md, a, b, "Marginal cost per unconstrained CRD");
         }
-        if let (Some(kcm), Some(lazy)) = (results.get(&(hi, Controller::Kcm.name())), results.get(&(hi, Controller::Lazy.name()))) {
-            let _ = writeln!(md, "\nRSS at N = {hi}: lazy / KCM = {:.3}.", lazy.rss_bytes / kcm.rss_bytes);
+        if let (Some(kcm), Some(lazy)) = (
+            results.get(&(hi, Controller::Kcm.name())),
+            results.get(&(hi, Controller::Lazy.name())),
+        ) {
+            let _ = writeln!(
+                md,
+                "\nRSS at N = {hi}: lazy / KCM = {:.3}.",
+                lazy.rss_bytes / kcm.rss_bytes
+            );
         }
     }
     std::fs::write(args.out.join("scale.md"), &md).expect("write scale.md");
@@ -921,17 +949,21 @@ fn write_results(args: &Args, results: &Results) {
         );
     }
     std::fs::write(args.out.join("scale.dat"), &dat).expect("write scale.dat");
-    let plot = format!(
-        "set terminal pngcairo size 1200,500\nset output '{out}/scale.png'\nset multiplot layout 1,2\n\
+    let plot = String::from(
+        "set terminal pngcairo size 1200,500\nset output 'scale.png'\nset multiplot layout 1,2\n\
          set key top left\nset xlabel 'N (namespaced CRDs)'\nset grid\n\
-         set title 'RSS (MiB)'\nplot '{out}/scale.dat' u 1:2 w lp t 'KCM quota controller', '' u 1:3 w lp t 'lazyquota eager', '' u 1:4 w lp t 'lazyquota lazy'\n\
-         set title 'goroutines (KCM) / tokio tasks (lazyquota)'\nplot '{out}/scale.dat' u 1:5 w lp t 'KCM quota controller', '' u 1:6 w lp t 'lazyquota eager', '' u 1:7 w lp t 'lazyquota lazy'\n\
+         set title 'RSS (MiB)'\nplot 'scale.dat' u 1:2 w lp t 'KCM quota controller', '' u 1:3 w lp t 'lazyquota eager', '' u 1:4 w lp t 'lazyquota lazy'\n\
+         set title 'goroutines (KCM) / tokio tasks (lazyquota)'\nplot 'scale.dat' u 1:5 w lp t 'KCM quota controller', '' u 1:6 w lp t 'lazyquota eager', '' u 1:7 w lp t 'lazyquota lazy'\n\
          unset multiplot\n",
-        out = args.out.display()
     );
     let script = args.out.join("scale.gp");
     std::fs::write(&script, &plot).expect("write scale.gp");
-    match Command::new("gnuplot").arg(&script).status() {
+    // Relative paths, so the committed script is the same wherever the repository lives.
+    match Command::new("gnuplot")
+        .current_dir(&args.out)
+        .arg("scale.gp")
+        .status()
+    {
         Ok(s) if s.success() => eprintln!("scale: wrote {}/scale.png", args.out.display()),
         _ => eprintln!("scale: gnuplot not available; no PNG (apt-get install gnuplot-nox)"),
     }

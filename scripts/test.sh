@@ -36,3 +36,7 @@ phase "helm lint/template" bash tests/helm/check.sh
 phase "clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 phase "build tests" cargo test --workspace --locked --no-run
 phase "tests" cargo test --workspace --locked
+# Bounded versions of the benchmarks (the full ones are documented in README.md): they must
+# run, their figures are not asserted.
+phase "bench: heap (bounded)" env LAZYQUOTA_BENCH_OBJECTS=10000 cargo bench --locked -p lazyquota-index --bench heap
+phase "bench: scale (bounded)" cargo bench --locked --bench scale -- --quick

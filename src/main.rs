@@ -8,6 +8,7 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use lazyquota_index::keys::ClusterName;
 use lazyquota_kube::{
+    client::Transport,
     controller::{Config, Controller, Mode},
     lease::{LeaseLock, Timing},
     metrics::Metrics,
@@ -106,6 +107,11 @@ struct RunArgs {
     /// Streaming lists (sendInitialEvents): probe the server once (auto), or force.
     #[arg(long, value_enum, default_value_t = StreamingLists::Auto)]
     streaming_lists: StreamingLists,
+    /// How to talk to the apiserver: HTTP/1.1 (one connection per open watch) or HTTP/2 (all
+    /// watches multiplexed on one connection; beyond the apiserver's stream limit per
+    /// connection, 250 by default, further requests would wait).
+    #[arg(long, value_enum, default_value_t = TransportArg::Http1)]
+    transport: TransportArg,
     /// Where to serve /metrics, /healthz and /readyz.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9090")]
     metrics_addr: SocketAddr,
@@ -147,6 +153,12 @@ struct LeaderArgs {
 enum ModeArg {
     Lazy,
     Eager,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum TransportArg {
+    Http1,
+    Http2,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -247,12 +259,18 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         namespace_watch_threshold,
         discovery_poll,
         streaming_lists,
+        transport,
         metrics_addr,
         leader,
         log_format,
     } = args;
     init_tracing(log_format);
-    let client = lazyquota_kube::client::connect(kubeconfig.as_deref(), context.as_deref()).await?;
+    let transport = match transport {
+        TransportArg::Http1 => Transport::Http1,
+        TransportArg::Http2 => Transport::Http2,
+    };
+    let client =
+        lazyquota_kube::client::connect_with(kubeconfig.as_deref(), context.as_deref(), transport).await?;
     let version = client
         .apiserver_version()
         .await

@@ -28,29 +28,60 @@ async fn admission_enforces_count_quota_that_kcm_accounts() {
     let quotas = ns.api::<ResourceQuota>();
     let configmaps = ns.api::<ConfigMap>();
 
-    let quota = ResourceQuota {
+    // The root-CA publisher puts kube-root-ca.crt into every new namespace. Upstream's quota
+    // controller does not recompute on adds (admission charges creates), so a quota created
+    // while that ConfigMap is racing in would stay stale until the 5-minute resync: wait for it.
+    eventually(Duration::from_secs(30), || async {
+        configmaps.get_opt("kube-root-ca.crt").await.ok().flatten()
+    })
+    .await
+    .expect("the root CA ConfigMap is published");
+
+    let quota = |hard: &str| ResourceQuota {
         metadata: ObjectMeta {
             name: Some("count-configmaps".into()),
             ..ObjectMeta::default()
         },
         spec: Some(ResourceQuotaSpec {
-            hard: Some([("count/configmaps".to_owned(), Quantity("2".into()))].into()),
+            hard: Some([("count/configmaps".to_owned(), Quantity(hard.into()))].into()),
             ..ResourceQuotaSpec::default()
         }),
         ..ResourceQuota::default()
     };
     quotas
-        .create(&PostParams::default(), &quota)
+        .create(&PostParams::default(), &quota("3"))
         .await
         .expect("create quota");
+    eventually(Duration::from_secs(60), || async {
+        quotas
+            .get("count-configmaps")
+            .await
+            .ok()?
+            .status?
+            .used?
+            .get("count/configmaps")
+            .map(|_| ())
+    })
+    .await
+    .expect("KCM's quota controller fills status.used");
+    // A spec.hard change makes KCM recompute, now over a settled informer cache.
+    quotas
+        .replace("count-configmaps", &PostParams::default(), &{
+            let mut q = quotas.get("count-configmaps").await.expect("quota");
+            q.spec = quota("2").spec;
+            q
+        })
+        .await
+        .expect("lower the limit to 2");
 
-    // KCM fills status.used with the number of ConfigMaps that exist (the root-CA publisher
-    // may have put kube-root-ca.crt there already, so compare with a direct list).
+    // KCM fills status.used with the number of ConfigMaps that exist.
     let used = eventually(Duration::from_secs(60), || async {
         let q = quotas.get("count-configmaps").await.ok()?;
-        let used = q.status?.used?.get("count/configmaps")?.0.clone();
+        let status = q.status?;
+        let hard = status.hard?.get("count/configmaps")?.0.clone();
+        let used = status.used?.get("count/configmaps")?.0.clone();
         let actual = configmaps.list(&ListParams::default()).await.ok()?.items.len();
-        (used == actual.to_string()).then_some(actual)
+        (hard == "2" && used == actual.to_string()).then_some(actual)
     })
     .await
     .expect("KCM's quota controller fills status.used with the ConfigMap count");

@@ -152,7 +152,7 @@ async fn a_forbidden_resource_type_withholds_only_its_own_keys() {
         .await
         .expect("configmap");
     ns.api::<ConfigMap>()
-        .delete("more", &Default::default())
+        .delete("more", &kube::api::DeleteParams::default())
         .await
         .expect("delete configmap");
     used_becomes(&quotas, "mixed", "count/configmaps", "1")

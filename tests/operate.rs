@@ -81,6 +81,16 @@ impl Drop for Lazyquota {
     }
 }
 
+/// Kills a helper process (Prometheus) when the test ends, however it ends.
+struct Kill(Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .expect("bind")
@@ -246,13 +256,6 @@ async fn prometheus_scrapes_the_active_watch_gauge() {
         .stderr(Stdio::null())
         .spawn()
         .expect("prometheus is installed (Debian package prometheus; .ci/run installs it)");
-    struct Kill(Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let _prometheus = Kill(prometheus);
 
     let query = "/api/v1/query?query=lazyquota_active_watches%7Bresource%3D%22secrets%22%7D";

@@ -72,21 +72,29 @@ struct Config {
 impl Config {
     fn from_env() -> Self {
         let bench = std::env::args().any(|a| a == "--bench");
-        let objects =
-            match std::env::var("LAZYQUOTA_BENCH_OBJECTS") {
-                Ok(v) => v.trim().parse::<usize>().ok().filter(|n| *n > 0).unwrap_or_else(|| {
-                    panic!("LAZYQUOTA_BENCH_OBJECTS must be a positive integer, not {v:?}")
-                }),
-                Err(_) if bench => DEFAULT_OBJECTS,
-                Err(_) => SMOKE_OBJECTS,
-            };
-        Self { objects, namespaces: objects.min(NAMESPACES), bench }
+        let objects = match std::env::var("LAZYQUOTA_BENCH_OBJECTS") {
+            Ok(v) => v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n > 0)
+                .unwrap_or_else(|| panic!("LAZYQUOTA_BENCH_OBJECTS must be a positive integer, not {v:?}")),
+            Err(_) if bench => DEFAULT_OBJECTS,
+            Err(_) => SMOKE_OBJECTS,
+        };
+        Self {
+            objects,
+            namespaces: objects.min(NAMESPACES),
+            bench,
+        }
     }
 
     /// Objects in each namespace, in list order.
     fn spread(&self) -> Vec<usize> {
         let (each, rest) = (self.objects / self.namespaces, self.objects % self.namespaces);
-        (0..self.namespaces).map(|n| each + usize::from(n < rest)).collect()
+        (0..self.namespaces)
+            .map(|n| each + usize::from(n < rest))
+            .collect()
     }
 }
 
@@ -97,7 +105,10 @@ fn namespace(n: usize) -> String {
 }
 
 fn list(pairs: &[(&str, &str)]) -> BTreeMap<String, K8sQuantity> {
-    pairs.iter().map(|(k, v)| ((*k).to_owned(), K8sQuantity((*v).to_owned()))).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), K8sQuantity((*v).to_owned())))
+        .collect()
 }
 
 fn requirements(requests: [&str; 2], limits: [&str; 2]) -> ResourceRequirements {
@@ -113,7 +124,10 @@ fn requirements(requests: [&str; 2], limits: [&str; 2]) -> ResourceRequirements 
 /// container statuses the kubelet fills in (allocated and actuated resources). Labels and
 /// images are there for realism; the projection ignores them.
 fn pod(app_requests: [&str; 2], app_limits: [&str; 2], priority_class: &str) -> Pod {
-    let containers = [("app", app_requests, app_limits), ("proxy", ["50m", "64Mi"], ["200m", "128Mi"])];
+    let containers = [
+        ("app", app_requests, app_limits),
+        ("proxy", ["50m", "64Mi"], ["200m", "128Mi"]),
+    ];
     Pod {
         metadata: ObjectMeta {
             name: Some(String::with_capacity(64)),
@@ -173,7 +187,9 @@ fn served(resource: GroupResource, kind: &str) -> ServedResource {
         version: "v1".to_owned(),
         kind: kind.to_owned(),
         namespaced: true,
-        verbs: ["create", "delete", "get", "list", "patch", "update", "watch"].map(String::from).to_vec(),
+        verbs: ["create", "delete", "get", "list", "patch", "update", "watch"]
+            .map(String::from)
+            .to_vec(),
     }
 }
 
@@ -186,7 +202,10 @@ fn quota(namespace: &str, hard: &[(&str, &str)]) -> ResourceQuota {
             uid: Some(format!("uid-{namespace}-compute")),
             ..ObjectMeta::default()
         },
-        spec: Some(ResourceQuotaSpec { hard: Some(list(hard)), ..ResourceQuotaSpec::default() }),
+        spec: Some(ResourceQuotaSpec {
+            hard: Some(list(hard)),
+            ..ResourceQuotaSpec::default()
+        }),
         status: None,
     }
 }
@@ -228,7 +247,12 @@ fn setup(cluster: &ClusterName, served: ServedResource, hard: &[(&str, &str)], n
     assert_eq!(partitions.len(), namespaces, "one held partition per namespace");
     let kind = kinds[0];
     assert!(kinds.iter().all(|k| *k == kind));
-    Setup { engine, kind, partitions, quotas }
+    Setup {
+        engine,
+        kind,
+        partitions,
+        quotas,
+    }
 }
 
 /// An eager watch's list: every held partition relisted at once (the peak of a relist is
@@ -362,7 +386,11 @@ fn measure_pods(cfg: &Config, cluster: &ClusterName) -> Measured {
     let mut s = setup(
         cluster,
         served(GroupResource::core("pods"), "Pod"),
-        &[("pods", "2000"), ("requests.cpu", "500"), ("limits.memory", "2Ti")],
+        &[
+            ("pods", "2000"),
+            ("requests.cpu", "500"),
+            ("limits.memory", "2Ti"),
+        ],
         cfg.namespaces,
     );
     assert_eq!(s.kind, StoreKind::Pods);
@@ -374,7 +402,12 @@ fn measure_pods(cfg: &Config, cluster: &ClusterName) -> Measured {
     let relisted = HeapStats::get();
     drop(profiler);
     assert!(interner.len() <= 3, "priority classes are interned once each");
-    let store_estimate = s.engine.held_by_resource().get("count/pods").copied().unwrap_or_default();
+    let store_estimate = s
+        .engine
+        .held_by_resource()
+        .get("count/pods")
+        .copied()
+        .unwrap_or_default();
     let (compute_first, compute_median) = time_compute(&s.engine, &s.quotas, "pods", &spread);
     Measured {
         objects: cfg.objects,
@@ -408,7 +441,12 @@ fn measure_counts(cfg: &Config, cluster: &ClusterName) -> Measured {
     list_counts(&mut s, &spread, &mut name);
     let relisted = HeapStats::get();
     drop(profiler);
-    let store_estimate = s.engine.held_by_resource().get(WIDGETS_COUNT_KEY).copied().unwrap_or_default();
+    let store_estimate = s
+        .engine
+        .held_by_resource()
+        .get(WIDGETS_COUNT_KEY)
+        .copied()
+        .unwrap_or_default();
     let (compute_first, compute_median) = time_compute(&s.engine, &s.quotas, WIDGETS_COUNT_KEY, &spread);
     Measured {
         objects: cfg.objects,
@@ -453,29 +491,48 @@ fn millis(d: Duration) -> String {
 }
 
 fn verdict(value: usize, target: usize) -> String {
-    if value <= target { format!("≤ {target} B: met") } else { format!("≤ {target} B: **missed**") }
+    if value <= target {
+        format!("≤ {target} B: met")
+    } else {
+        format!("≤ {target} B: **missed**")
+    }
 }
-
 fn report(cfg: &Config, pods: &Measured, counts: &Measured) -> String {
     let mut rows: Vec<(String, String, String)> = Vec::new();
     let mut row = |label: &str, f: &dyn Fn(&Measured) -> String| {
         rows.push((label.to_owned(), f(pods), f(counts)));
     };
-    row("objects / namespaces", &|m| format!("{} / {}", thousands(m.objects), m.namespaces));
-    row("heap before (scaffolding: typed pod templates, name buffer)", &|m| bytes(m.before.curr_bytes));
-    row("heap after setup (engine, discovery, quotas, held partitions)", &|m| {
-        bytes(m.after_setup.curr_bytes)
+    row("objects / namespaces", &|m| {
+        format!("{} / {}", thousands(m.objects), m.namespaces)
     });
+    row(
+        "heap before (scaffolding: typed pod templates, name buffer)",
+        &|m| bytes(m.before.curr_bytes),
+    );
+    row(
+        "heap after setup (engine, discovery, quotas, held partitions)",
+        &|m| bytes(m.after_setup.curr_bytes),
+    );
     row("heap after the objects", &|m| bytes(m.after.curr_bytes));
     row("heap growth", &|m| bytes(m.growth()));
-    row("**bytes per object** (growth / objects)", &|m| format!("**{} B**", m.per_object()));
-    row("bytes per object, objects only (setup excluded)", &|m| format!("{} B", m.objects_only_per_object()));
-    row("heap blocks per object", &|m| format!("{:.2}", m.blocks_per_object()));
+    row("**bytes per object** (growth / objects)", &|m| {
+        format!("**{} B**", m.per_object())
+    });
+    row("bytes per object, objects only (setup excluded)", &|m| {
+        format!("{} B", m.objects_only_per_object())
+    });
+    row("heap blocks per object", &|m| {
+        format!("{:.2}", m.blocks_per_object())
+    });
     row("store's own estimate (`held_by_resource`) per object", &|m| {
         format!("{} B", m.store_estimate.1 / m.store_estimate.0.max(1))
     });
     row("target", &|m| {
-        let target = if std::ptr::eq(m, pods) { POD_TARGET } else { COUNT_TARGET };
+        let target = if std::ptr::eq(m, pods) {
+            POD_TARGET
+        } else {
+            COUNT_TARGET
+        };
         verdict(m.per_object(), target)
     });
     row("relist peak (old + new generation)", &|m| bytes(m.relist_peak()));
@@ -486,7 +543,9 @@ fn report(cfg: &Config, pods: &Measured, counts: &Measured) -> String {
     row("compute every quota once (first pass)", &|m| {
         format!("{} ({} quotas)", millis(m.compute_first), m.quotas)
     });
-    row("compute every quota once (median of 10 passes)", &|m| millis(m.compute_median));
+    row("compute every quota once (median of 10 passes)", &|m| {
+        millis(m.compute_median)
+    });
 
     let mut out = String::new();
     let _ = writeln!(out, "# Heap per watched object\n");
@@ -501,7 +560,10 @@ fn report(cfg: &Config, pods: &Measured, counts: &Measured) -> String {
         thousands(cfg.objects),
         cfg.namespaces,
     );
-    let _ = writeln!(out, "| | pods (`StoreKind::Pods`) | count-only (`StoreKind::Counts`) |");
+    let _ = writeln!(
+        out,
+        "| | pods (`StoreKind::Pods`) | count-only (`StoreKind::Counts`) |"
+    );
     let _ = writeln!(out, "| --- | ---: | ---: |");
     for (label, a, b) in &rows {
         let _ = writeln!(out, "| {label} | {a} | {b} |");
@@ -557,7 +619,10 @@ fn results_path(cfg: &Config) -> PathBuf {
 fn main() {
     let cfg = Config::from_env();
     let cluster = ClusterName::new("bench");
-    eprintln!("heap: {} objects per case over {} namespaces", cfg.objects, cfg.namespaces);
+    eprintln!(
+        "heap: {} objects per case over {} namespaces",
+        cfg.objects, cfg.namespaces
+    );
     let pods = measure_pods(&cfg, &cluster);
     let counts = measure_counts(&cfg, &cluster);
     let table = report(&cfg, &pods, &counts);

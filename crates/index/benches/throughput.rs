@@ -68,7 +68,10 @@ fn now() -> Time {
 // ---- typed objects (as in benches/heap.rs) -------------------------------------------------
 
 fn list(pairs: &[(&str, &str)]) -> BTreeMap<String, K8sQuantity> {
-    pairs.iter().map(|(k, v)| ((*k).to_owned(), K8sQuantity((*v).to_owned()))).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), K8sQuantity((*v).to_owned())))
+        .collect()
 }
 
 fn requirements(requests: [&str; 2], limits: [&str; 2]) -> ResourceRequirements {
@@ -83,7 +86,10 @@ fn requirements(requests: [&str; 2], limits: [&str; 2]) -> ResourceRequirements 
 /// and limits, a priority class, and container statuses with allocated and actuated
 /// resources.
 fn pod(app_requests: [&str; 2], app_limits: [&str; 2], priority_class: &str) -> Pod {
-    let containers = [("app", app_requests, app_limits), ("proxy", ["50m", "64Mi"], ["200m", "128Mi"])];
+    let containers = [
+        ("app", app_requests, app_limits),
+        ("proxy", ["50m", "64Mi"], ["200m", "128Mi"]),
+    ];
     Pod {
         metadata: ObjectMeta {
             name: Some("web-7d9f8b6c5d-x2k4q".to_owned()),
@@ -130,7 +136,12 @@ fn pod(app_requests: [&str; 2], app_limits: [&str; 2], priority_class: &str) -> 
 /// Pod shapes, each with its resized twin (the app container's cpu request doubled).
 fn pod_shapes() -> Vec<(Pod, Pod)> {
     [
-        (["100m", "128Mi"], ["200m", "128Mi"], ["500m", "256Mi"], "standard"),
+        (
+            ["100m", "128Mi"],
+            ["200m", "128Mi"],
+            ["500m", "256Mi"],
+            "standard",
+        ),
         (["250m", "256Mi"], ["500m", "256Mi"], ["1", "512Mi"], "standard"),
         (["500m", "512Mi"], ["1", "512Mi"], ["2", "1Gi"], "high"),
         (["50m", "64Mi"], ["100m", "64Mi"], ["200m", "128Mi"], "batch"),
@@ -146,7 +157,9 @@ fn served(resource: GroupResource, kind: &str) -> ServedResource {
         version: "v1".to_owned(),
         kind: kind.to_owned(),
         namespaced: true,
-        verbs: ["create", "delete", "get", "list", "patch", "update", "watch"].map(String::from).to_vec(),
+        verbs: ["create", "delete", "get", "list", "patch", "update", "watch"]
+            .map(String::from)
+            .to_vec(),
     }
 }
 
@@ -157,7 +170,10 @@ fn quota(namespace: &str, name: &str, hard: &[(&str, &str)]) -> ResourceQuota {
             namespace: Some(namespace.to_owned()),
             ..ObjectMeta::default()
         },
-        spec: Some(ResourceQuotaSpec { hard: Some(list(hard)), ..ResourceQuotaSpec::default() }),
+        spec: Some(ResourceQuotaSpec {
+            hard: Some(list(hard)),
+            ..ResourceQuotaSpec::default()
+        }),
         status: None,
     }
 }
@@ -262,7 +278,14 @@ impl Fixture {
         for n in 0..NAMESPACES {
             let ns = format!("team-{n:03}");
             for (name, hard) in [
-                ("compute", &[("pods", "5000"), ("requests.cpu", "5000"), ("limits.memory", "20Ti")][..]),
+                (
+                    "compute",
+                    &[
+                        ("pods", "5000"),
+                        ("requests.cpu", "5000"),
+                        ("limits.memory", "20Ti"),
+                    ][..],
+                ),
                 ("widgets", &[(WIDGETS_COUNT_KEY, "5000")][..]),
             ] {
                 let update = engine.apply_quota(QuotaKey::new(&cluster, &ns, name), &quota(&ns, name, hard));
@@ -284,14 +307,19 @@ impl Fixture {
                 }
             }
         }
-        assert_eq!((pod_partitions.len(), widget_partitions.len()), (NAMESPACES, NAMESPACES));
+        assert_eq!(
+            (pod_partitions.len(), widget_partitions.len()),
+            (NAMESPACES, NAMESPACES)
+        );
 
         let shapes = pod_shapes();
         let interner = Interner::new();
         let gates = engine.gates();
         let project = |pod: &Pod| PodProjection::from_pod(pod, gates, &interner).expect("a valid pod");
-        let projections: Vec<(PodProjection, PodProjection)> =
-            shapes.iter().map(|(pod, resized)| (project(pod), project(resized))).collect();
+        let projections: Vec<(PodProjection, PodProjection)> = shapes
+            .iter()
+            .map(|(pod, resized)| (project(pod), project(resized)))
+            .collect();
 
         // The initial lists.
         let mut pods = Vec::new();
@@ -302,7 +330,10 @@ impl Fixture {
                 let id = object_id(&format!("web-{n:03}-7d9f8b6c5d-{i:06}"));
                 let (original, resized) = &projections[i % projections.len()];
                 let stored = Projected::Pod(original.clone());
-                assert_eq!(engine.relist_apply(StoreKind::Pods, &partitions[pp], id, stored), None);
+                assert_eq!(
+                    engine.relist_apply(StoreKind::Pods, &partitions[pp], id, stored),
+                    None
+                );
                 pods.push((pp, id, original.clone(), resized.clone()));
             }
             engine.finish_relist(StoreKind::Pods, &partitions[pp]);
@@ -318,7 +349,15 @@ impl Fixture {
             engine.finish_relist(StoreKind::Counts, &partitions[wp]);
         }
         let compute_quota = QuotaKey::new(&cluster, "team-000", "compute");
-        Self { engine, partitions, pods, widgets, compute_quota, shapes, interner }
+        Self {
+            engine,
+            partitions,
+            pods,
+            widgets,
+            compute_quota,
+            shapes,
+            interner,
+        }
     }
 
     /// The event batches, each with the tally it must produce. Every batch leaves the store
@@ -331,10 +370,22 @@ impl Fixture {
                 id: *id,
                 op: Op::Apply(Projected::Pod(projection.clone())),
             };
-        let resized = self.pods.iter().map(|x| pod(x, &x.3)).chain(self.pods.iter().map(|x| pod(x, &x.2)));
+        let resized = self
+            .pods
+            .iter()
+            .map(|x| pod(x, &x.3))
+            .chain(self.pods.iter().map(|x| pod(x, &x.2)));
         let unchanged = self.pods.iter().map(|x| pod(x, &x.2));
         let delete_readd = self.pods.iter().flat_map(|x| {
-            [Event { kind: StoreKind::Pods, partition: x.0, id: x.1, op: Op::Delete }, pod(x, &x.2)]
+            [
+                Event {
+                    kind: StoreKind::Pods,
+                    partition: x.0,
+                    id: x.1,
+                    op: Op::Delete,
+                },
+                pod(x, &x.2),
+            ]
         });
         let meta = |p: usize, id: u64| Event {
             kind: StoreKind::Counts,
@@ -342,30 +393,65 @@ impl Fixture {
             id,
             op: Op::Apply(Projected::Meta),
         };
-        let fresh: Vec<(usize, u64)> =
-            self.widgets.iter().map(|(p, id)| (*p, object_id(&format!("new-{id:016x}")))).collect();
-        let add_delete = fresh.iter().map(|(p, id)| meta(*p, *id)).chain(fresh.iter().map(|(p, id)| Event {
-            kind: StoreKind::Counts,
-            partition: *p,
-            id: *id,
-            op: Op::Delete,
-        }));
+        let fresh: Vec<(usize, u64)> = self
+            .widgets
+            .iter()
+            .map(|(p, id)| (*p, object_id(&format!("new-{id:016x}"))))
+            .collect();
+        let add_delete = fresh
+            .iter()
+            .map(|(p, id)| meta(*p, *id))
+            .chain(fresh.iter().map(|(p, id)| Event {
+                kind: StoreKind::Counts,
+                partition: *p,
+                id: *id,
+                op: Op::Delete,
+            }));
         let count_modify = self.widgets.iter().map(|(p, id)| meta(*p, *id));
         let (n_pods, n_widgets) = (self.pods.len(), self.widgets.len());
         vec![
-            Case::new("pod_modify_resized", resized, Tally { replenish: 2 * n_pods, ..Tally::default() }),
-            Case::new("pod_modify_unchanged", unchanged, Tally { stored: n_pods, ..Tally::default() }),
+            Case::new(
+                "pod_modify_resized",
+                resized,
+                Tally {
+                    replenish: 2 * n_pods,
+                    ..Tally::default()
+                },
+            ),
+            Case::new(
+                "pod_modify_unchanged",
+                unchanged,
+                Tally {
+                    stored: n_pods,
+                    ..Tally::default()
+                },
+            ),
             Case::new(
                 "pod_delete_readd",
                 delete_readd,
-                Tally { replenish: n_pods, stored: n_pods, ..Tally::default() },
+                Tally {
+                    replenish: n_pods,
+                    stored: n_pods,
+                    ..Tally::default()
+                },
             ),
             Case::new(
                 "count_add_delete",
                 add_delete,
-                Tally { replenish: n_widgets, stored: n_widgets, ..Tally::default() },
+                Tally {
+                    replenish: n_widgets,
+                    stored: n_widgets,
+                    ..Tally::default()
+                },
             ),
-            Case::new("count_modify", count_modify, Tally { stored: n_widgets, ..Tally::default() }),
+            Case::new(
+                "count_modify",
+                count_modify,
+                Tally {
+                    stored: n_widgets,
+                    ..Tally::default()
+                },
+            ),
         ]
     }
 
@@ -387,7 +473,11 @@ struct Case {
 
 impl Case {
     fn new(name: &'static str, events: impl Iterator<Item = Event>, expected: Tally) -> Self {
-        Self { name, events: events.collect(), expected }
+        Self {
+            name,
+            events: events.collect(),
+            expected,
+        }
     }
 }
 
@@ -410,7 +500,9 @@ fn criterion_pass(c: &mut Criterion, fixture: &mut Fixture, cases: &[Case]) {
         });
     }
     group.throughput(elements(BENCH_PROJECTIONS));
-    group.bench_function("pod_projection", |b| b.iter(|| fixture.project(BENCH_PROJECTIONS)));
+    group.bench_function("pod_projection", |b| {
+        b.iter(|| fixture.project(BENCH_PROJECTIONS));
+    });
     group.finish();
 
     let mut group = c.benchmark_group("compute");
@@ -529,15 +621,26 @@ fn summary(fixture: &mut Fixture, cases: &[Case]) -> String {
         out,
         "- `pod_modify_resized`: every event is an Apply of an existing pod with a changed projection"
     );
-    let _ = writeln!(out, "  (in-place resize), which the update filter passes (replenish).");
+    let _ = writeln!(
+        out,
+        "  (in-place resize), which the update filter passes (replenish)."
+    );
     let _ = writeln!(
         out,
         "- `pod_modify_unchanged`: Apply of an existing pod with an equal projection (status-only update)."
     );
-    let _ =
-        writeln!(out, "- `pod_delete_readd`: Delete of a pod, then its re-add (each counted as one event).");
-    let _ = writeln!(out, "- `count_add_delete`: `Projected::Meta` adds of new objects, then their deletes.");
-    let _ = writeln!(out, "- `count_modify`: `Projected::Meta` applies of existing objects.");
+    let _ = writeln!(
+        out,
+        "- `pod_delete_readd`: Delete of a pod, then its re-add (each counted as one event)."
+    );
+    let _ = writeln!(
+        out,
+        "- `count_add_delete`: `Projected::Meta` adds of new objects, then their deletes."
+    );
+    let _ = writeln!(
+        out,
+        "- `count_modify`: `Projected::Meta` applies of existing objects."
+    );
     let _ = writeln!(
         out,
         "- compute: `Engine::compute` of a quota with `pods`, `requests.cpu`, `limits.memory` over its namespace."
@@ -552,11 +655,18 @@ fn main() {
     // Every batch does what it should, and leaves the store as it found it.
     for case in &cases {
         for _ in 0..2 {
-            let tally = apply_all(&mut fixture.engine, &fixture.partitions, clone_events(&case.events));
+            let tally = apply_all(
+                &mut fixture.engine,
+                &fixture.partitions,
+                clone_events(&case.events),
+            );
             assert_eq!(tally, case.expected, "{}", case.name);
         }
     }
-    let computed = fixture.engine.compute(&fixture.compute_quota, now()).expect("a known quota");
+    let computed = fixture
+        .engine
+        .compute(&fixture.compute_quota, now())
+        .expect("a known quota");
     let used = computed.decision.used.get("pods");
     assert!(
         used.is_some_and(|v| same_value(v, &K8sQuantity(PODS_PER_NAMESPACE.to_string()))),
@@ -579,6 +689,9 @@ fn main() {
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
         let path = dir.join("throughput.md");
         std::fs::write(&path, table).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
-        eprintln!("throughput: wrote {}", path.canonicalize().unwrap_or(path).display());
+        eprintln!(
+            "throughput: wrote {}",
+            path.canonicalize().unwrap_or(path).display()
+        );
     }
 }

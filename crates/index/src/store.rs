@@ -5,17 +5,20 @@
 //! Identity is a 64-bit hash of the object's name ([`object_id`](crate::keys::object_id)), so
 //! a delete removes exactly what an add put in, and a relist cannot count an object twice.
 //!
-//! Cost per object: one `hashbrown` slot of `8 + size_of::<P>()` bytes plus one control byte,
-//! at a load factor of 7/8 to 7/16 (the table doubles when full), plus the projection's own
-//! heap. For count-only objects (`P = ()`) that is 9 bytes per slot: 10–21 bytes per object.
-//! [`UsageStore::bytes`] reports it from the tables' real capacity.
+//! Cost per object ([`Objects`]): small values live in a `hashbrown` slot of
+//! `8 + size_of::<P>()` bytes plus one control byte, at a load factor of 7/8 to 7/16 (the
+//! table doubles when full). For count-only objects (`P = ()`) that is 9 bytes per slot:
+//! 10–21 bytes per object. Large projections are packed densely (`8 + size_of::<P>()` bytes)
+//! with a 13-byte table slot per object pointing at them, so a half-empty table no longer
+//! wastes whole projections. Plus the projection's own heap. [`UsageStore::bytes`] reports it
+//! from the real capacities.
 //!
 //! A relist (watch start, or 410 Gone) fills a fresh generation beside the current one and
 //! swaps it in when the list is complete, so readers never see a half list and nothing is
 //! counted twice; the peak is both generations of the relisted partitions.
 
 use std::{
-    collections::{HashMap, hash_map::Entry},
+    collections::HashMap,
     hash::{BuildHasherDefault, Hasher},
     sync::Arc,
 };
@@ -77,8 +80,123 @@ impl Hasher for IdHasher {
     }
 }
 
+type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
+
 /// Objects of one partition by id.
-pub type Objects<P> = HashMap<u64, P, BuildHasherDefault<IdHasher>>;
+///
+/// Two layouts, chosen by the projection's size. Small values (count-only `()`, 8-byte
+/// service projections) sit in the hash table itself. Large ones (a pod projection is 176 B)
+/// would waste up to half the table's slots at low load, so they are packed densely in a
+/// vector, with the table mapping id → position (12 B per slot); a remove moves the last
+/// element into the hole.
+#[derive(Debug)]
+pub enum Objects<P> {
+    /// Values inline in the table.
+    Inline(IdMap<P>),
+    /// Values packed in a vector, the table holding positions.
+    Dense {
+        /// id → position in `values`.
+        index: IdMap<u32>,
+        /// (id, value), densely packed.
+        values: Vec<(u64, P)>,
+    },
+}
+
+/// Values up to this size live in the hash table.
+const INLINE_MAX: usize = 16;
+
+impl<P> Default for Objects<P> {
+    fn default() -> Self {
+        if std::mem::size_of::<P>() <= INLINE_MAX {
+            Self::Inline(IdMap::default())
+        } else {
+            Self::Dense {
+                index: IdMap::default(),
+                values: Vec::new(),
+            }
+        }
+    }
+}
+
+impl<P> Objects<P> {
+    /// Number of objects.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Inline(map) => map.len(),
+            Self::Dense { values, .. } => values.len(),
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The projections, in no particular order.
+    pub fn values(&self) -> impl Iterator<Item = &P> {
+        let (inline, dense) = match self {
+            Self::Inline(map) => (Some(map.values()), None),
+            Self::Dense { values, .. } => (None, Some(values.iter().map(|(_, v)| v))),
+        };
+        inline.into_iter().flatten().chain(dense.into_iter().flatten())
+    }
+
+    /// The object ids.
+    pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {
+        let (inline, dense) = match self {
+            Self::Inline(map) => (Some(map.keys().copied()), None),
+            Self::Dense { values, .. } => (None, Some(values.iter().map(|(id, _)| *id))),
+        };
+        inline.into_iter().flatten().chain(dense.into_iter().flatten())
+    }
+
+    /// Adds or replaces; returns the replaced value.
+    ///
+    /// # Panics
+    /// With 2³² objects in one partition (a namespace): far beyond any apiserver's limits.
+    pub fn insert(&mut self, id: u64, value: P) -> Option<P> {
+        match self {
+            Self::Inline(map) => map.insert(id, value),
+            Self::Dense { index, values } => {
+                if let Some(&at) = index.get(&id) {
+                    return Some(std::mem::replace(&mut values[at as usize].1, value));
+                }
+                let at = u32::try_from(values.len()).expect("fewer than 2^32 objects in one namespace");
+                index.insert(id, at);
+                values.push((id, value));
+                None
+            }
+        }
+    }
+
+    /// Removes; returns the removed value.
+    ///
+    /// # Panics
+    /// Never: positions always fit, as [`Objects::insert`] checked.
+    pub fn remove(&mut self, id: u64) -> Option<P> {
+        match self {
+            Self::Inline(map) => map.remove(&id),
+            Self::Dense { index, values } => {
+                let at = index.remove(&id)? as usize;
+                let (_, value) = values.swap_remove(at);
+                if let Some((moved, _)) = values.get(at) {
+                    index.insert(*moved, u32::try_from(at).expect("position fits"));
+                }
+                Some(value)
+            }
+        }
+    }
+
+    fn shrink_to_fit(&mut self) {
+        match self {
+            Self::Inline(map) => map.shrink_to_fit(),
+            Self::Dense { index, values } => {
+                index.shrink_to_fit();
+                values.shrink_to_fit();
+            }
+        }
+    }
+}
 
 /// One partition's objects.
 #[derive(Debug)]
@@ -204,12 +322,9 @@ impl<P: HeapSize> UsageStore<P> {
         };
         // During a relist the watch has not started yet, so applies belong to the relist.
         let objects = p.next.as_mut().unwrap_or(&mut p.objects);
-        match objects.entry(id) {
-            Entry::Occupied(mut e) => Change::Updated(std::mem::replace(e.get_mut(), projection)),
-            Entry::Vacant(e) => {
-                e.insert(projection);
-                Change::Added
-            }
+        match objects.insert(id, projection) {
+            Some(old) => Change::Updated(old),
+            None => Change::Added,
         }
     }
 
@@ -219,7 +334,7 @@ impl<P: HeapSize> UsageStore<P> {
             return Change::None;
         };
         let objects = p.next.as_mut().unwrap_or(&mut p.objects);
-        objects.remove(&id).map_or(Change::None, Change::Deleted)
+        objects.remove(id).map_or(Change::None, Change::Deleted)
     }
 
     /// A partition, if held.
@@ -251,17 +366,25 @@ impl<P: HeapSize> UsageStore<P> {
     }
 }
 
+/// hashbrown's memory for `capacity` entries of `slot` bytes: buckets are the capacity
+/// rounded up to a power of two at 7/8 load, each with one control byte, plus a group.
+fn hash_table_bytes(capacity: usize, slot: usize) -> usize {
+    if capacity == 0 {
+        return 0;
+    }
+    let buckets = (capacity * 8 / 7).next_power_of_two();
+    buckets * (slot + 1) + 16
+}
+
 fn table_bytes<P: HeapSize>(objects: &Objects<P>) -> usize {
-    // hashbrown: one slot (key + value) and one control byte per bucket, buckets = the
-    // capacity rounded up to a power of two at 7/8 load, plus a group of control bytes.
-    let buckets = if objects.capacity() == 0 {
-        0
-    } else {
-        (objects.capacity() * 8 / 7).next_power_of_two()
-    };
-    let slot = std::mem::size_of::<(u64, P)>();
-    let control = if buckets == 0 { 0 } else { buckets + 16 };
-    buckets * slot + control + objects.values().map(HeapSize::heap_bytes).sum::<usize>()
+    let heap: usize = objects.values().map(HeapSize::heap_bytes).sum();
+    heap + match objects {
+        Objects::Inline(map) => hash_table_bytes(map.capacity(), std::mem::size_of::<(u64, P)>()),
+        Objects::Dense { index, values } => {
+            hash_table_bytes(index.capacity(), std::mem::size_of::<(u64, u32)>())
+                + values.capacity() * std::mem::size_of::<(u64, P)>()
+        }
+    }
 }
 
 fn partition_bytes<P: HeapSize>(p: &Partition<P>) -> usize {
@@ -305,7 +428,7 @@ mod tests {
         store.finish_relist(&key("a"));
         let p = store.partition(&key("a")).unwrap();
         assert!(p.is_synced());
-        let mut ids: Vec<u64> = p.objects().keys().copied().collect();
+        let mut ids: Vec<u64> = p.objects().ids().collect();
         ids.sort_unstable();
         assert_eq!(ids, vec![2, 3]);
     }
@@ -327,6 +450,26 @@ mod tests {
     }
 
     proptest! {
+        /// The dense layout (large projections) behaves as a map under any inserts and removes.
+        #[test]
+        fn dense_objects_behave_as_a_map(ops in prop::collection::vec((any::<bool>(), 0..50u64, any::<u64>()), 0..300)) {
+            let mut objects: Objects<[u64; 4]> = Objects::default();
+            let dense = matches!(objects, Objects::Dense { .. });
+            prop_assert!(dense, "large projections use the dense layout");
+            let mut model = std::collections::BTreeMap::new();
+            for (insert, id, v) in ops {
+                if insert {
+                    prop_assert_eq!(objects.insert(id, [v; 4]), model.insert(id, [v; 4]));
+                } else {
+                    prop_assert_eq!(objects.remove(id), model.remove(&id));
+                }
+                prop_assert_eq!(objects.len(), model.len());
+            }
+            let mut held: Vec<(u64, [u64; 4])> = objects.ids().zip(objects.values().copied()).collect();
+            held.sort_unstable();
+            prop_assert_eq!(held, model.into_iter().collect::<Vec<_>>());
+        }
+
         /// Whatever interleaving of watch events and relists, the store ends holding exactly
         /// the objects that exist (never counting one twice).
         #[test]
@@ -349,7 +492,7 @@ mod tests {
                 }
             }
             store.finish_relist(&key("a"));
-            let held: std::collections::BTreeSet<u64> = store.partition(&key("a")).unwrap().objects().keys().copied().collect();
+            let held: std::collections::BTreeSet<u64> = store.partition(&key("a")).unwrap().objects().ids().collect();
             prop_assert_eq!(held, truth);
         }
     }

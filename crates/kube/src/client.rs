@@ -68,8 +68,71 @@ pub async fn load_config(kubeconfig: Option<&Path>, context: Option<&str>) -> Re
     }
 }
 
-/// Builds a client from [`load_config`].
+/// Builds a client from [`load_config`] (HTTP/1.1).
 pub async fn connect(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<Client, Error> {
+    connect_with(kubeconfig, context, Transport::Http1).await
+}
+
+/// How the client talks to the apiserver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// HTTP/1.1: one connection (and one hyper task) per open watch, as kube-client does.
+    #[default]
+    Http1,
+    /// HTTP/2 negotiated by ALPN: every request and watch to one apiserver multiplexed over one
+    /// connection, as client-go does.
+    ///
+    /// Caveat: the apiserver limits concurrent streams per connection (Go's default 250) and a
+    /// watch holds its stream for its lifetime; hyper's pool queues requests on the one
+    /// connection rather than opening another, so beyond that many open watches new requests
+    /// would wait. That is why HTTP/1.1 stays the default.
+    Http2,
+}
+
+/// Builds a client from [`load_config`] with the chosen transport.
+pub async fn connect_with(
+    kubeconfig: Option<&Path>,
+    context: Option<&str>,
+    transport: Transport,
+) -> Result<Client, Error> {
     let config = load_config(kubeconfig, context).await?;
-    Client::try_from(config).map_err(Error::Client)
+    build(config, transport).map_err(Error::Client)
+}
+
+/// kube's default service stack (base URI, auth, extra headers) over our own hyper client:
+/// HTTP/1.1 only, or HTTP/2 offered by ALPN (with HTTP/2 keep-alive pings). Either way with
+/// `TCP_NODELAY`: hyper's connector leaves Nagle's algorithm on, and a request written as
+/// headers then body on a fresh connection then waits for the server's delayed ACK (~40 ms).
+fn build(config: Config, transport: Transport) -> Result<Client, kube::Error> {
+    use hyper_util::{
+        client::legacy::{Builder, connect::HttpConnector},
+        rt::{TokioExecutor, TokioTimer},
+    };
+    use kube::client::ConfigExt as _;
+    use tower::ServiceBuilder;
+
+    let tls = config.rustls_client_config()?;
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(config.connect_timeout);
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http();
+    let https = match transport {
+        Transport::Http1 => https.enable_http1().wrap_connector(http),
+        Transport::Http2 => https.enable_all_versions().wrap_connector(http),
+    };
+    let hyper = Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .http2_keep_alive_interval(std::time::Duration::from_secs(30))
+        .http2_keep_alive_while_idle(true)
+        .build(https);
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(tower::BoxError::from)
+        .service(hyper);
+    Ok(Client::new(service, config.default_namespace))
 }

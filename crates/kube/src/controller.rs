@@ -156,6 +156,8 @@ pub struct Snapshot {
     pub pending: Vec<(String, usize)>,
     /// Shadow-mode disagreements now: (quota, key) → (ours, stored).
     pub disagreements: BTreeMap<(String, String), (String, String)>,
+    /// Shadow mode: each quota's latest comparison (true: every key agreed).
+    pub shadow_verdicts: BTreeMap<String, bool>,
     /// Whether streaming lists are used.
     pub streaming_lists: bool,
 }
@@ -380,6 +382,7 @@ impl Controller {
                 self.queue.remove(&key);
                 let name = key.to_string();
                 self.stats.disagreements.retain(|(q, _), _| q != &name);
+                self.stats.shadow_verdicts.remove(&name);
                 self.apply_demand(&changes);
                 debug!(quota = %key, "quota deleted");
             }
@@ -902,6 +905,7 @@ impl Controller {
                 .disagreements
                 .insert((quota.clone(), name.clone()), (ours.0.clone(), theirs));
         }
+        self.stats.shadow_verdicts.insert(quota, !disagree);
         if disagree {
             "shadow_disagree"
         } else {
