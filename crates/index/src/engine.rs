@@ -309,6 +309,47 @@ impl Engine {
         });
     }
 
+    /// Starts filling a partition that a running cluster-wide watch now also serves, from a
+    /// list of its own (see [`UsageStore::begin_fill`]).
+    pub fn begin_fill(&mut self, kind: StoreKind, p: PartitionKey) {
+        with_store!(self, kind, |s| s.begin_fill(p));
+    }
+
+    /// Completes a fill with the namespace's list. Returns the reasons of objects that could
+    /// not be projected, or `None` if no fill was in progress (superseded or released).
+    pub fn finish_fill(
+        &mut self,
+        kind: StoreKind,
+        p: &PartitionKey,
+        listed: Vec<(u64, Projected)>,
+    ) -> Option<Vec<String>> {
+        let mut malformed = Vec::new();
+        macro_rules! typed {
+            ($store:expr, $variant:path) => {{
+                let objects: Vec<_> = listed
+                    .into_iter()
+                    .filter_map(|(id, o)| match o {
+                        $variant(v) => Some((id, v)),
+                        other => {
+                            malformed.push(format!("{other:?}"));
+                            None
+                        }
+                    })
+                    .collect();
+                $store.finish_fill(p, objects)
+            }};
+        }
+        let filled = match kind {
+            StoreKind::Counts => self
+                .counts
+                .finish_fill(p, listed.into_iter().map(|(id, _)| (id, ()))),
+            StoreKind::Pods => typed!(self.pods, Projected::Pod),
+            StoreKind::Services => typed!(self.services, Projected::Service),
+            StoreKind::Pvcs => typed!(self.pvcs, Projected::Pvc),
+        };
+        filled.then_some(malformed)
+    }
+
     /// An object of a relist. Returns the reason if it could not be projected.
     pub fn relist_apply(
         &mut self,

@@ -18,7 +18,7 @@
 //! counted twice; the peak is both generations of the relisted partitions.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     hash::{BuildHasherDefault, Hasher},
     sync::Arc,
 };
@@ -141,6 +141,14 @@ impl<P> Objects<P> {
         inline.into_iter().flatten().chain(dense.into_iter().flatten())
     }
 
+    /// The projection of an object, if present.
+    pub fn get(&self, id: u64) -> Option<&P> {
+        match self {
+            Self::Inline(map) => map.get(&id),
+            Self::Dense { index, values } => index.get(&id).map(|at| &values[*at as usize].1),
+        }
+    }
+
     /// The object ids.
     pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {
         let (inline, dense) = match self {
@@ -204,6 +212,8 @@ pub struct Partition<P> {
     objects: Objects<P>,
     /// A relist in progress: the next generation.
     next: Option<Objects<P>>,
+    /// A fill in progress (see [`UsageStore::begin_fill`]): ids the watch deleted meanwhile.
+    fill_tombstones: Option<HashSet<u64, BuildHasherDefault<IdHasher>>>,
     /// Whether a complete list has been seen since the partition was created.
     synced: bool,
 }
@@ -213,6 +223,7 @@ impl<P> Default for Partition<P> {
         Self {
             objects: Objects::default(),
             next: None,
+            fill_tombstones: None,
             synced: false,
         }
     }
@@ -283,7 +294,41 @@ impl<P: HeapSize> UsageStore<P> {
     pub fn begin_relist(&mut self, key: &PartitionKey) {
         if let Some(p) = self.partitions.get_mut(key) {
             p.next = Some(Objects::default());
+            // A relist is complete by itself: it supersedes a fill in progress.
+            p.fill_tombstones = None;
         }
+    }
+
+    /// Starts holding a partition that a watch **already running** over more namespaces
+    /// (a cluster-wide watch) now also fills, from a separate list of this namespace.
+    ///
+    /// Until [`UsageStore::finish_fill`], the watch's events apply as usual and its deletes
+    /// are remembered; the list's objects are then added unless the watch already applied or
+    /// deleted them. Events are ordered, so whether the list's snapshot is older or newer
+    /// than what the watch has delivered, once the watch has caught up the partition holds
+    /// exactly the objects that exist — without relisting the whole resource.
+    pub fn begin_fill(&mut self, key: PartitionKey) {
+        let p = self.partitions.entry(key).or_default();
+        p.fill_tombstones = Some(HashSet::default());
+        p.synced = false;
+    }
+
+    /// Completes a fill with the namespace's list; returns whether a fill was in progress
+    /// (a relist since then superseded it, or the partition was released, if not).
+    pub fn finish_fill(&mut self, key: &PartitionKey, listed: impl IntoIterator<Item = (u64, P)>) -> bool {
+        let Some(p) = self.partitions.get_mut(key) else {
+            return false;
+        };
+        let Some(tombstones) = p.fill_tombstones.take() else {
+            return false;
+        };
+        for (id, projection) in listed {
+            if !tombstones.contains(&id) && p.objects.get(id).is_none() {
+                p.objects.insert(id, projection);
+            }
+        }
+        p.synced = true;
+        true
     }
 
     /// Adds an object to the relist in progress (ignored if the partition is not held, or
@@ -333,6 +378,9 @@ impl<P: HeapSize> UsageStore<P> {
         let Some(p) = self.partitions.get_mut(key) else {
             return Change::None;
         };
+        if let Some(tombstones) = &mut p.fill_tombstones {
+            tombstones.insert(id);
+        }
         let objects = p.next.as_mut().unwrap_or(&mut p.objects);
         objects.remove(id).map_or(Change::None, Change::Deleted)
     }
@@ -468,6 +516,45 @@ mod tests {
             let mut held: Vec<(u64, [u64; 4])> = objects.ids().zip(objects.values().copied()).collect();
             held.sort_unstable();
             prop_assert_eq!(held, model.into_iter().collect::<Vec<_>>());
+        }
+
+        /// A fill converges to exactly the objects that exist, however the namespace's list
+        /// snapshot (server state at `t`) and the watch's delivery (at `b` when the list
+        /// returns) are ordered, once the watch has delivered everything.
+        #[test]
+        fn fills_converge_whatever_the_list_snapshot(
+            events in prop::collection::vec((any::<bool>(), 0..12u64), 0..60),
+            a in 0..60usize, t in 0..60usize, b in 0..60usize,
+        ) {
+            let n = events.len();
+            let (a, t, b) = (a.min(n), t.min(n), b.min(n));
+            let t = t.max(a); // the list is served after the partition is held
+            // Server states after each event.
+            let mut states = vec![std::collections::BTreeSet::new()];
+            for (add, id) in &events {
+                let mut next = states.last().unwrap().clone();
+                if *add { next.insert(*id); } else { next.remove(id); }
+                states.push(next);
+            }
+            let mut store = UsageStore::<()>::new();
+            let p = key("a");
+            // Events before `a` went by while the namespace was not held.
+            for (i, (add, id)) in events.iter().enumerate() {
+                if i == a {
+                    store.begin_fill(p.clone());
+                }
+                if i == b.max(a) {
+                    store.finish_fill(&p, states[t].iter().map(|id| (*id, ())));
+                }
+                if i >= a {
+                    if *add { store.apply(&p, *id, ()); } else { store.delete(&p, *id); }
+                }
+            }
+            if a == n { store.begin_fill(p.clone()); }
+            if b.max(a) == n { store.finish_fill(&p, states[t].iter().map(|id| (*id, ()))); }
+            let held: std::collections::BTreeSet<u64> = store.partition(&p).unwrap().objects().ids().collect();
+            prop_assert_eq!(&held, states.last().unwrap());
+            prop_assert!(store.partition(&p).unwrap().is_synced());
         }
 
         /// Whatever interleaving of watch events and relists, the store ends holding exactly

@@ -39,7 +39,7 @@ use kube::{
     },
 };
 use lazyquota_index::{
-    engine::{Applied, Engine, StoreKind, same_value, store_kind},
+    engine::{Applied, Engine, Projected, StoreKind, same_value, store_kind},
     keys::{ClusterName, GroupResource, Need, QuotaKey, object_id},
     policy::DemandChange,
     queue::WorkQueue,
@@ -139,6 +139,8 @@ struct Running {
     events: prometheus::IntCounter,
     /// When it was opened.
     started: Instant,
+    /// Lists (initial and relists) it has started.
+    lists: u32,
 }
 
 /// What the controller reports to metrics, readiness, `explain` and tests.
@@ -171,6 +173,10 @@ pub struct WatchInfo {
     pub synced: bool,
     /// Why it is failing, if it is.
     pub failure: Option<String>,
+    /// Lists it has started: 1 plus its relists.
+    pub lists: u32,
+    /// Its identity: a restarted watch gets a new one.
+    pub id: u64,
 }
 
 /// Asks a running controller for a [`Snapshot`].
@@ -187,6 +193,7 @@ impl SnapshotHandle {
 }
 
 type WriteResult = (QuotaKey, Instant, Result<ResourceQuota, kube::Error>);
+type FillResult = (WatchKey, Arc<str>, kube::Result<Vec<(String, Projected)>>);
 
 /// The controller.
 pub struct Controller {
@@ -204,6 +211,8 @@ pub struct Controller {
     stats: Snapshot,
     metrics: Metrics,
     recorder: Recorder,
+    /// Lists filling namespaces that joined a cluster-wide watch (polled by the loop).
+    fills: FuturesUnordered<BoxFuture<'static, FillResult>>,
     /// Events being published (polled by the loop; at most [`MAX_PENDING_EVENTS`]).
     events: FuturesUnordered<BoxFuture<'static, ()>>,
     requests: mpsc::Receiver<oneshot::Sender<Snapshot>>,
@@ -227,6 +236,7 @@ impl Controller {
         );
         let controller = Self {
             recorder,
+            fills: FuturesUnordered::new(),
             events: FuturesUnordered::new(),
             client,
             options,
@@ -312,6 +322,9 @@ impl Controller {
                     self.on_write(&key, started, result);
                 }
                 Some(()) = self.events.next(), if !self.events.is_empty() => {}
+                Some((key, namespace, listed)) = self.fills.next(), if !self.fills.is_empty() => {
+                    self.on_fill(&key, &namespace, listed);
+                }
                 Some(reply) = self.requests.recv() => {
                     let _ = reply.send(self.snapshot());
                 }
@@ -524,24 +537,85 @@ impl Controller {
             if running.hold_all {
                 continue;
             }
-            let added = namespaces.iter().any(|ns| !running.namespaces.contains(ns));
+            let added: Vec<Arc<str>> = namespaces.difference(&running.namespaces).cloned().collect();
             let removed: Vec<Arc<str>> = running.namespaces.difference(namespaces).cloned().collect();
             for ns in &removed {
                 running.namespaces.remove(ns);
             }
+            running.namespaces.extend(added.iter().cloned());
             let kind = store_kind(&key.resource, key.need);
             for ns in removed {
                 self.engine.release(kind, &partition(&key, &ns));
             }
-            if added {
-                // A joining namespace is filled by relisting the cluster-wide watch into a fresh
-                // generation (exact; costs one list of the resource).
-                self.stop_watch(&key);
+            for ns in added {
+                // A namespace joining a cluster-wide watch is filled by a list of its own; the
+                // shared watch keeps running (no relist of the whole resource).
+                self.engine.begin_fill(kind, partition(&key, &ns));
+                self.start_fill(key.clone(), ns);
             }
         }
         for (key, namespaces) in desired {
             if !self.watches.contains_key(&key) {
                 self.start_watch(key, namespaces);
+            }
+        }
+    }
+
+    fn start_fill(&mut self, key: WatchKey, namespace: Arc<str>) {
+        let Some(served) = self.engine.resolver.get(&key.cluster, &key.resource).cloned() else {
+            return;
+        };
+        let (client, gates, interner) = (self.client.clone(), self.config.gates, self.interner.clone());
+        debug!(watch = %key, %namespace, "filling a joining namespace from a list");
+        self.fills.push(
+            async move {
+                let listed =
+                    crate::watch::list_namespace(&client, &served, &namespace, key.need, gates, &interner)
+                        .await;
+                (key, namespace, listed)
+            }
+            .boxed(),
+        );
+    }
+
+    fn on_fill(
+        &mut self,
+        key: &WatchKey,
+        namespace: &Arc<str>,
+        listed: kube::Result<Vec<(String, Projected)>>,
+    ) {
+        let Some(running) = self.watches.get(key) else {
+            return;
+        }; // stopped meanwhile
+        if !running.namespaces.contains(namespace) {
+            return; // no longer demanded
+        }
+        let kind = store_kind(&key.resource, key.need);
+        let p = partition(key, namespace);
+        match listed {
+            Ok(objects) => {
+                let objects = objects
+                    .into_iter()
+                    .map(|(name, o)| (object_id(&name), o))
+                    .collect();
+                if let Some(malformed) = self.engine.finish_fill(kind, &p, objects) {
+                    for reason in malformed {
+                        warn!(watch = %key, %namespace, %reason, "object could not be projected; left out of usage");
+                    }
+                    let now = Instant::now();
+                    for quota in self.engine.index.computing(&key.cluster, &key.resource) {
+                        if quota.namespace == *namespace {
+                            self.queue.add(quota, now);
+                        }
+                    }
+                }
+            }
+            Err(error) => {
+                // Fall back to the exact, heavier path: relist the whole resource.
+                warn!(watch = %key, %namespace, %error, "listing a joining namespace failed; restarting the watch");
+                self.stop_watch(key);
+                let (cluster, resource) = (key.cluster.clone(), key.resource.clone());
+                self.sync_watches(&cluster, &resource);
             }
         }
     }
@@ -575,6 +649,7 @@ impl Controller {
                 failure: None,
                 events: self.metrics.watch_events(&key_label),
                 started: Instant::now(),
+                lists: 0,
             },
         );
     }
@@ -631,7 +706,9 @@ impl Controller {
                 for p in self.partitions_of(&key, running) {
                     self.engine.begin_relist(kind, &p);
                 }
-                self.watches.get_mut(&key).expect("present").relisting = true;
+                let running = self.watches.get_mut(&key).expect("present");
+                running.relisting = true;
+                running.lists += 1;
             }
             WatchItem::InitApply(ObjectEvent {
                 namespace,
@@ -956,6 +1033,8 @@ impl Controller {
                 key: k.clone(),
                 synced: r.synced,
                 failure: r.failure.as_ref().map(|(reason, _)| (*reason).to_owned()),
+                lists: r.lists,
+                id: r.id,
             })
             .collect();
         self.stats.held = self.engine.held_by_resource();

@@ -8,22 +8,19 @@
 use std::collections::BTreeMap;
 
 use futures::future::try_join_all;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, ResourceQuota, Service};
-use kube::{
-    Api, Client, Resource, ResourceExt as _,
-    api::{DynamicObject, ListParams, ObjectList, PartialObjectMeta},
-};
+use k8s_openapi::api::core::v1::ResourceQuota;
+use kube::{Api, Client, ResourceExt as _};
 use lazyquota_index::{
     demand::{needs, replenished_by},
-    engine::{Engine, Projected, same_value, store_kind},
+    engine::{Engine, same_value, store_kind},
     keys::{ClusterName, GroupResource, Need, QuotaKey, object_id},
     resolver::ServedResource,
     store::PartitionKey,
 };
-use lazyquota_quota::{FeatureGates, Interner, PodProjection, PvcProjection, ServiceProjection};
+use lazyquota_quota::{FeatureGates, Interner};
 
 use crate::now;
-use serde::{Serialize, de::DeserializeOwned};
+use serde::Serialize;
 
 use crate::discovery::{Discovered, discover};
 
@@ -272,7 +269,7 @@ async fn load_with(
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let quotas = list_all(&api).await.map_err(|source| Error::List {
+    let quotas = crate::watch::list_all(&api).await.map_err(|source| Error::List {
         what: "resourcequotas".into(),
         source,
     })?;
@@ -294,7 +291,7 @@ async fn load_with(
         let kind = store_kind(&resource, need);
         let lists = demand
             .keys()
-            .map(|ns| list_projected(client, &served, ns, need, gates, &interner));
+            .map(|ns| crate::watch::list_namespace(client, &served, ns, need, gates, &interner));
         let lists = try_join_all(lists).await.map_err(|source| Error::List {
             what: resource.object_count_name(),
             source,
@@ -314,89 +311,4 @@ async fn load_with(
         }
     }
     Ok((engine, quotas))
-}
-
-async fn list_all<K>(api: &Api<K>) -> kube::Result<Vec<K>>
-where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
-{
-    let mut out = Vec::new();
-    let mut params = ListParams::default().limit(500);
-    loop {
-        let page: ObjectList<K> = api.list(&params).await?;
-        out.extend(page.items);
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(out),
-        }
-    }
-}
-
-async fn list_projected(
-    client: &Client,
-    served: &ServedResource,
-    namespace: &str,
-    need: Need,
-    gates: FeatureGates,
-    interner: &Interner,
-) -> kube::Result<Vec<(String, Projected)>> {
-    let project_all = |names: Vec<(String, Projected)>| Ok(names);
-    match (
-        need,
-        served.resource.group.as_str(),
-        served.resource.resource.as_str(),
-    ) {
-        (Need::Typed, "", "pods") => project_all(
-            list_all(&Api::<Pod>::namespaced(client.clone(), namespace))
-                .await?
-                .iter()
-                .map(|p| {
-                    let projected = PodProjection::from_pod(p, gates, interner)
-                        .map_or_else(|e| Projected::Malformed(e.to_string()), Projected::Pod);
-                    (p.name_any(), projected)
-                })
-                .collect(),
-        ),
-        (Need::Typed, "", "services") => project_all(
-            list_all(&Api::<Service>::namespaced(client.clone(), namespace))
-                .await?
-                .iter()
-                .map(|s| {
-                    (
-                        s.name_any(),
-                        Projected::Service(ServiceProjection::from_service(s)),
-                    )
-                })
-                .collect(),
-        ),
-        (Need::Typed, "", "persistentvolumeclaims") => project_all(
-            list_all(&Api::<PersistentVolumeClaim>::namespaced(
-                client.clone(),
-                namespace,
-            ))
-            .await?
-            .iter()
-            .map(|c| {
-                let projected = PvcProjection::from_pvc(c, interner)
-                    .map_or_else(|e| Projected::Malformed(e.to_string()), Projected::Pvc);
-                (c.name_any(), projected)
-            })
-            .collect(),
-        ),
-        _ => {
-            let resource = crate::watch::api_resource(served);
-            let api: Api<PartialObjectMeta<DynamicObject>> =
-                Api::namespaced_with(client.clone(), namespace, &resource);
-            let mut out = Vec::new();
-            let mut params = ListParams::default().limit(500);
-            loop {
-                let page = api.list_metadata(&params).await?;
-                out.extend(page.items.iter().map(|o| (o.name_any(), Projected::Meta)));
-                match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                    Some(token) => params = params.continue_token(&token),
-                    None => return Ok(out),
-                }
-            }
-        }
-    }
 }

@@ -17,7 +17,7 @@ use futures::{
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod, Service};
 use kube::{
     Api, Client, Resource, ResourceExt as _,
-    api::{ApiResource, DynamicObject, PartialObjectMeta, WatchParams},
+    api::{ApiResource, DynamicObject, ListParams, ObjectList, PartialObjectMeta, WatchParams},
     core::WatchEvent,
     runtime::{WatchStreamExt as _, watcher},
 };
@@ -274,4 +274,93 @@ pub async fn probe_streaming_lists(client: &Client) -> bool {
         }
     }
     false
+}
+
+/// Lists everything `api` returns, 500 objects a page.
+pub async fn list_all<K>(api: &Api<K>) -> kube::Result<Vec<K>>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let mut out = Vec::new();
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page: ObjectList<K> = api.list(&params).await?;
+        out.extend(page.items);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(out),
+        }
+    }
+}
+
+/// Lists one namespace of a resource, 500 objects a page, reduced at once to what the store
+/// keeps (the typed objects of a page are dropped before the next page is requested).
+pub async fn list_namespace(
+    client: &Client,
+    served: &ServedResource,
+    namespace: &str,
+    need: Need,
+    gates: FeatureGates,
+    interner: &Interner,
+) -> kube::Result<Vec<(String, Projected)>> {
+    match (
+        need,
+        served.resource.group.as_str(),
+        served.resource.resource.as_str(),
+    ) {
+        (Need::Typed, "", "pods") => {
+            let api = Api::<Pod>::namespaced(client.clone(), namespace);
+            list_pages(&api, |p| {
+                PodProjection::from_pod(p, gates, interner)
+                    .map_or_else(|e| Projected::Malformed(e.to_string()), Projected::Pod)
+            })
+            .await
+        }
+        (Need::Typed, "", "services") => {
+            let api = Api::<Service>::namespaced(client.clone(), namespace);
+            list_pages(&api, |s| Projected::Service(ServiceProjection::from_service(s))).await
+        }
+        (Need::Typed, "", "persistentvolumeclaims") => {
+            let api = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace);
+            list_pages(&api, |c| {
+                PvcProjection::from_pvc(c, interner)
+                    .map_or_else(|e| Projected::Malformed(e.to_string()), Projected::Pvc)
+            })
+            .await
+        }
+        _ => {
+            let resource = api_resource(served);
+            let api: Api<PartialObjectMeta<DynamicObject>> =
+                Api::namespaced_with(client.clone(), namespace, &resource);
+            let mut out = Vec::new();
+            let mut params = ListParams::default().limit(500);
+            loop {
+                let page = api.list_metadata(&params).await?;
+                out.extend(page.items.iter().map(|o| (o.name_any(), Projected::Meta)));
+                match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                    Some(token) => params = params.continue_token(&token),
+                    None => return Ok(out),
+                }
+            }
+        }
+    }
+}
+
+async fn list_pages<K>(
+    api: &Api<K>,
+    project: impl Fn(&K) -> Projected,
+) -> kube::Result<Vec<(String, Projected)>>
+where
+    K: Resource + Clone + DeserializeOwned + fmt::Debug,
+{
+    let mut out = Vec::new();
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = api.list(&params).await?;
+        out.extend(page.items.iter().map(|o| (o.name_any(), project(o))));
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(out),
+        }
+    }
 }

@@ -1,0 +1,138 @@
+//! Watch scope follows demand: namespaced watches while few namespaces demand a resource,
+//! one cluster-wide watch filtered at ingest above `--namespace-watch-threshold` (1 here), and
+//! a namespace that joins the cluster-wide watch is filled by a list of its own — the shared
+//! watch does not relist.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{controller, quota, test_config, used_becomes};
+use k8s_openapi::api::core::v1::{ResourceQuota, Secret};
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use lazyquota_kube::controller::{Config, SnapshotHandle, WatchInfo};
+use lazyquota_testenv::{Flavor, TestNamespace, eventually};
+
+async fn secrets_watches(controller: &SnapshotHandle) -> Vec<WatchInfo> {
+    let snapshot = controller.get().await.expect("controller running");
+    snapshot
+        .watches
+        .into_iter()
+        .filter(|w| w.key.resource.object_count_name() == "count/secrets")
+        .collect()
+}
+
+async fn secret(ns: &TestNamespace, name: &str) {
+    let s = Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        ..Secret::default()
+    };
+    ns.api::<Secret>()
+        .create(&PostParams::default(), &s)
+        .await
+        .expect("secret");
+}
+
+#[tokio::test]
+async fn a_namespace_joining_a_cluster_wide_watch_is_filled_without_a_relist() {
+    let config = Config {
+        namespace_watch_threshold: 1,
+        ..test_config()
+    };
+    let lazy = controller(Flavor::LazyquotaOnly, config);
+    let a = TestNamespace::create(Flavor::LazyquotaOnly, "scope-a")
+        .await
+        .expect("namespace a");
+    let b = TestNamespace::create(Flavor::LazyquotaOnly, "scope-b")
+        .await
+        .expect("namespace b");
+    let c = TestNamespace::create(Flavor::LazyquotaOnly, "scope-c")
+        .await
+        .expect("namespace c");
+    for (ns, n) in [(&a, 1), (&b, 2), (&c, 3)] {
+        for i in 0..n {
+            secret(ns, &format!("s{i}")).await;
+        }
+    }
+    let hard = [("count/secrets", "100")];
+
+    // One namespace: a namespaced watch.
+    a.api::<ResourceQuota>()
+        .create(&PostParams::default(), &quota("q", &hard))
+        .await
+        .expect("quota a");
+    used_becomes(&a.api(), "q", "count/secrets", "1")
+        .await
+        .expect("a counted");
+    let watches = secrets_watches(&lazy).await;
+    assert_eq!(watches.len(), 1);
+    assert_eq!(
+        watches[0].key.namespace.as_deref(),
+        Some(a.name()),
+        "namespaced while under the threshold"
+    );
+
+    // Two namespaces: above the threshold, one cluster-wide watch.
+    b.api::<ResourceQuota>()
+        .create(&PostParams::default(), &quota("q", &hard))
+        .await
+        .expect("quota b");
+    used_becomes(&b.api(), "q", "count/secrets", "2")
+        .await
+        .expect("b counted");
+    let cluster_wide = eventually(Duration::from_secs(30), || async {
+        let w = secrets_watches(&lazy).await;
+        (w.len() == 1 && w[0].key.namespace.is_none() && w[0].synced).then(|| w[0].clone())
+    })
+    .await
+    .expect("one synced cluster-wide watch");
+    assert_eq!(cluster_wide.lists, 1);
+
+    // A third namespace joins: filled by its own list, the shared watch keeps running.
+    c.api::<ResourceQuota>()
+        .create(&PostParams::default(), &quota("q", &hard))
+        .await
+        .expect("quota c");
+    used_becomes(&c.api(), "q", "count/secrets", "3")
+        .await
+        .expect("c filled from its own list");
+    let after = secrets_watches(&lazy).await;
+    assert_eq!(after.len(), 1, "still one watch");
+    assert_eq!(
+        after[0].id, cluster_wide.id,
+        "the cluster-wide watch was not restarted"
+    );
+    assert_eq!(
+        after[0].lists, 1,
+        "the cluster-wide watch did not relist to fill the new namespace"
+    );
+
+    // And it is exact afterwards: events for the joined namespace count.
+    secret(&c, "later").await;
+    c.api::<Secret>()
+        .delete("s0", &DeleteParams::default())
+        .await
+        .expect("delete");
+    c.api::<Secret>()
+        .delete("s1", &DeleteParams::default())
+        .await
+        .expect("delete");
+    used_becomes(&c.api(), "q", "count/secrets", "2")
+        .await
+        .expect("c follows the shared watch");
+    // Namespace a still counts through the same watch.
+    a.api::<Secret>()
+        .delete("s0", &DeleteParams::default())
+        .await
+        .expect("delete");
+    used_becomes(&a.api(), "q", "count/secrets", "0")
+        .await
+        .expect("a follows the shared watch");
+
+    for ns in [a, b, c] {
+        ns.delete().await.expect("delete namespace");
+    }
+}
