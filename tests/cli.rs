@@ -1,10 +1,12 @@
 //! The `lazyquota` binary as a user runs it: `usage` and `explain` against the real control
 //! plane, and one clear error line with a non-zero exit for bad input.
 
+mod common;
+
 use std::{path::Path, process::Command};
 
 use k8s_openapi::{
-    api::core::v1::{ConfigMap, ResourceQuota, ResourceQuotaSpec},
+    api::core::v1::{ResourceQuota, ResourceQuotaSpec},
     apimachinery::pkg::api::resource::Quantity,
 };
 use kube::api::{ObjectMeta, PostParams};
@@ -30,17 +32,7 @@ async fn usage_and_explain_report_a_quota_from_direct_lists() {
     let ns = TestNamespace::create(Flavor::LazyquotaOnly, "cli")
         .await
         .expect("namespace");
-    let cm = ConfigMap {
-        metadata: ObjectMeta {
-            name: Some("one".into()),
-            ..ObjectMeta::default()
-        },
-        ..ConfigMap::default()
-    };
-    ns.api::<ConfigMap>()
-        .create(&PostParams::default(), &cm)
-        .await
-        .expect("configmap");
+    common::create_configmap(&ns, "one").await;
     let hard = [
         ("count/configmaps", "9"),
         ("limits.example.com/gpu", "1"),

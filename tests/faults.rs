@@ -17,7 +17,7 @@ use k8s_openapi::api::{
     core::v1::{ConfigMap, ResourceQuota},
     events::v1::Event,
 };
-use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::api::{ListParams, PostParams};
 use lazyquota_testenv::{ControlPlane, Flavor, TestNamespace, eventually, unique_name};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -140,17 +140,7 @@ async fn a_forbidden_resource_type_withholds_only_its_own_keys() {
     assert_eq!(event.type_.as_deref(), Some("Warning"));
 
     // Replenishment keeps working for the allowed key.
-    let cm = ConfigMap {
-        metadata: ObjectMeta {
-            name: Some("more".into()),
-            ..ObjectMeta::default()
-        },
-        ..ConfigMap::default()
-    };
-    ns.api::<ConfigMap>()
-        .create(&PostParams::default(), &cm)
-        .await
-        .expect("configmap");
+    common::create_configmap(&ns, "more").await;
     ns.api::<ConfigMap>()
         .delete("more", &kube::api::DeleteParams::default())
         .await

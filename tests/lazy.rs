@@ -163,25 +163,11 @@ async fn quota_on_a_crd_created_later_and_a_crd_deleted_while_watched() {
     .await;
     assert!(stopped.is_some(), "deleting the CRD stops its watch");
     // The quota keeps working for its other key.
-    create_object_configmap(&ns, "after-crd-delete").await;
+    common::create_configmap(&ns, "after-crd-delete").await;
     used_becomes(&quotas, "gadgets", "count/configmaps", "2")
         .await
         .expect("configmaps still counted");
     ns.delete().await.expect("delete namespace");
-}
-
-async fn create_object_configmap(ns: &TestNamespace, name: &str) {
-    let cm = k8s_openapi::api::core::v1::ConfigMap {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    ns.api::<k8s_openapi::api::core::v1::ConfigMap>()
-        .create(&PostParams::default(), &cm)
-        .await
-        .expect("configmap");
 }
 
 fn pod(name: &str, cpu: &str) -> Pod {

@@ -284,3 +284,23 @@ pub fn kubectl_apply(cp: &ControlPlane, yaml: &str) -> std::process::Output {
     child.stdin.take().unwrap().write_all(yaml.as_bytes()).unwrap();
     child.wait_with_output().expect("kubectl finished")
 }
+
+/// Creates an empty ConfigMap `name` in the test namespace.
+pub async fn create_configmap(ns: &lazyquota_testenv::TestNamespace, name: &str) {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let cm = ConfigMap {
+        metadata: meta(name),
+        ..ConfigMap::default()
+    };
+    ns.api::<ConfigMap>()
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("create configmap");
+}
+
+fn meta(name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        ..ObjectMeta::default()
+    }
+}

@@ -22,7 +22,6 @@
 //! `--bench` (`cargo test --benches`) it is a smoke test: 1000 objects, nothing written.
 
 use std::{
-    collections::BTreeMap,
     fmt::Write as _,
     hint::black_box,
     path::{Path, PathBuf},
@@ -31,10 +30,7 @@ use std::{
 
 use dhat::HeapStats;
 use k8s_openapi::{
-    api::core::v1::{
-        Container, ContainerStatus, Pod, PodSpec, PodStatus, ResourceQuota, ResourceQuotaSpec,
-        ResourceRequirements,
-    },
+    api::core::v1::{Pod, ResourceQuota, ResourceQuotaSpec},
     apimachinery::pkg::{api::resource::Quantity as K8sQuantity, apis::meta::v1::ObjectMeta},
 };
 use lazyquota_index::{
@@ -49,6 +45,10 @@ use lazyquota_quota::{FeatureGates, Interner, PodProjection, Time};
 static ALLOC: dhat::Alloc = dhat::Alloc;
 
 /// Objects per case when `LAZYQUOTA_BENCH_OBJECTS` is unset.
+mod support;
+
+use support::{list, pod, served};
+
 const DEFAULT_OBJECTS: usize = 100_000;
 /// Objects per case in a smoke run (no `--bench` argument).
 const SMOKE_OBJECTS: usize = 1_000;
@@ -104,73 +104,6 @@ fn namespace(n: usize) -> String {
     format!("team-{n:03}")
 }
 
-fn list(pairs: &[(&str, &str)]) -> BTreeMap<String, K8sQuantity> {
-    pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), K8sQuantity((*v).to_owned())))
-        .collect()
-}
-
-fn requirements(requests: [&str; 2], limits: [&str; 2]) -> ResourceRequirements {
-    ResourceRequirements {
-        requests: Some(list(&[("cpu", requests[0]), ("memory", requests[1])])),
-        limits: Some(list(&[("cpu", limits[0]), ("memory", limits[1])])),
-        ..ResourceRequirements::default()
-    }
-}
-
-/// A running Burstable pod as the apiserver serves it under v1.36: an app container and a
-/// proxy sidecar, both with cpu/memory requests and limits, a priority class, and the
-/// container statuses the kubelet fills in (allocated and actuated resources). Labels and
-/// images are there for realism; the projection ignores them.
-fn pod(app_requests: [&str; 2], app_limits: [&str; 2], priority_class: &str) -> Pod {
-    let containers = [
-        ("app", app_requests, app_limits),
-        ("proxy", ["50m", "64Mi"], ["200m", "128Mi"]),
-    ];
-    Pod {
-        metadata: ObjectMeta {
-            name: Some(String::with_capacity(64)),
-            namespace: Some(String::with_capacity(64)),
-            labels: Some(BTreeMap::from([
-                ("app".to_owned(), "web".to_owned()),
-                ("pod-template-hash".to_owned(), "7d9f8b6c5d".to_owned()),
-            ])),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            containers: containers
-                .iter()
-                .map(|(name, requests, limits)| Container {
-                    name: (*name).to_owned(),
-                    image: Some(format!("registry.example/{name}:1.4.2")),
-                    resources: Some(requirements(*requests, *limits)),
-                    ..Container::default()
-                })
-                .collect(),
-            priority_class_name: Some(priority_class.to_owned()),
-            ..PodSpec::default()
-        }),
-        status: Some(PodStatus {
-            phase: Some("Running".to_owned()),
-            qos_class: Some("Burstable".to_owned()),
-            container_statuses: Some(
-                containers
-                    .iter()
-                    .map(|(name, requests, limits)| ContainerStatus {
-                        name: (*name).to_owned(),
-                        ready: true,
-                        allocated_resources: Some(list(&[("cpu", requests[0]), ("memory", requests[1])])),
-                        resources: Some(requirements(*requests, *limits)),
-                        ..ContainerStatus::default()
-                    })
-                    .collect(),
-            ),
-            ..PodStatus::default()
-        }),
-    }
-}
-
 /// A few pod shapes, cycled through: the objects differ in values and priority class.
 fn pod_templates() -> Vec<Pod> {
     vec![
@@ -179,18 +112,6 @@ fn pod_templates() -> Vec<Pod> {
         pod(["500m", "512Mi"], ["2", "1Gi"], "high"),
         pod(["50m", "64Mi"], ["200m", "128Mi"], "batch"),
     ]
-}
-
-fn served(resource: GroupResource, kind: &str) -> ServedResource {
-    ServedResource {
-        resource,
-        version: "v1".to_owned(),
-        kind: kind.to_owned(),
-        namespaced: true,
-        verbs: ["create", "delete", "get", "list", "patch", "update", "watch"]
-            .map(String::from)
-            .to_vec(),
-    }
 }
 
 fn quota(namespace: &str, hard: &[(&str, &str)]) -> ResourceQuota {

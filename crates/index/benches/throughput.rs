@@ -25,7 +25,6 @@
 //! (`cargo test --benches`) criterion runs each case once and nothing is written.
 
 use std::{
-    collections::BTreeMap,
     fmt::Write as _,
     hint::black_box,
     path::Path,
@@ -34,19 +33,19 @@ use std::{
 
 use criterion::{BatchSize, Criterion, Throughput};
 use k8s_openapi::{
-    api::core::v1::{
-        Container, ContainerStatus, Pod, PodSpec, PodStatus, ResourceQuota, ResourceQuotaSpec,
-        ResourceRequirements,
-    },
+    api::core::v1::{Pod, ResourceQuota, ResourceQuotaSpec},
     apimachinery::pkg::{api::resource::Quantity as K8sQuantity, apis::meta::v1::ObjectMeta},
 };
 use lazyquota_index::{
     engine::{Applied, Engine, Projected, StoreKind, same_value, store_kind},
     keys::{ClusterName, GroupResource, QuotaKey, object_id},
-    resolver::ServedResource,
     store::PartitionKey,
 };
 use lazyquota_quota::{FeatureGates, Interner, PodProjection, Time};
+
+mod support;
+
+use support::{list, pod, served};
 
 const NAMESPACES: usize = 10;
 const PODS_PER_NAMESPACE: usize = 1_000;
@@ -67,72 +66,6 @@ fn now() -> Time {
 
 // ---- typed objects (as in benches/heap.rs) -------------------------------------------------
 
-fn list(pairs: &[(&str, &str)]) -> BTreeMap<String, K8sQuantity> {
-    pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), K8sQuantity((*v).to_owned())))
-        .collect()
-}
-
-fn requirements(requests: [&str; 2], limits: [&str; 2]) -> ResourceRequirements {
-    ResourceRequirements {
-        requests: Some(list(&[("cpu", requests[0]), ("memory", requests[1])])),
-        limits: Some(list(&[("cpu", limits[0]), ("memory", limits[1])])),
-        ..ResourceRequirements::default()
-    }
-}
-
-/// A running Burstable pod: an app container and a proxy sidecar with cpu/memory requests
-/// and limits, a priority class, and container statuses with allocated and actuated
-/// resources.
-fn pod(app_requests: [&str; 2], app_limits: [&str; 2], priority_class: &str) -> Pod {
-    let containers = [
-        ("app", app_requests, app_limits),
-        ("proxy", ["50m", "64Mi"], ["200m", "128Mi"]),
-    ];
-    Pod {
-        metadata: ObjectMeta {
-            name: Some("web-7d9f8b6c5d-x2k4q".to_owned()),
-            namespace: Some("team-000".to_owned()),
-            labels: Some(BTreeMap::from([
-                ("app".to_owned(), "web".to_owned()),
-                ("pod-template-hash".to_owned(), "7d9f8b6c5d".to_owned()),
-            ])),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            containers: containers
-                .iter()
-                .map(|(name, requests, limits)| Container {
-                    name: (*name).to_owned(),
-                    image: Some(format!("registry.example/{name}:1.4.2")),
-                    resources: Some(requirements(*requests, *limits)),
-                    ..Container::default()
-                })
-                .collect(),
-            priority_class_name: Some(priority_class.to_owned()),
-            ..PodSpec::default()
-        }),
-        status: Some(PodStatus {
-            phase: Some("Running".to_owned()),
-            qos_class: Some("Burstable".to_owned()),
-            container_statuses: Some(
-                containers
-                    .iter()
-                    .map(|(name, requests, limits)| ContainerStatus {
-                        name: (*name).to_owned(),
-                        ready: true,
-                        allocated_resources: Some(list(&[("cpu", requests[0]), ("memory", requests[1])])),
-                        resources: Some(requirements(*requests, *limits)),
-                        ..ContainerStatus::default()
-                    })
-                    .collect(),
-            ),
-            ..PodStatus::default()
-        }),
-    }
-}
-
 /// Pod shapes, each with its resized twin (the app container's cpu request doubled).
 fn pod_shapes() -> Vec<(Pod, Pod)> {
     [
@@ -149,18 +82,6 @@ fn pod_shapes() -> Vec<(Pod, Pod)> {
     .into_iter()
     .map(|(requests, resized, limits, class)| (pod(requests, limits, class), pod(resized, limits, class)))
     .collect()
-}
-
-fn served(resource: GroupResource, kind: &str) -> ServedResource {
-    ServedResource {
-        resource,
-        version: "v1".to_owned(),
-        kind: kind.to_owned(),
-        namespaced: true,
-        verbs: ["create", "delete", "get", "list", "patch", "update", "watch"]
-            .map(String::from)
-            .to_vec(),
-    }
 }
 
 fn quota(namespace: &str, name: &str, hard: &[(&str, &str)]) -> ResourceQuota {
