@@ -235,3 +235,54 @@ async fn admission_enforces_our_status_and_deletes_free_quota() {
         .expect("limits counted");
     ns.delete().await.expect("delete namespace");
 }
+
+/// Bad input loses nothing: a quota with absurd values and 10,000 hard keys is computed (the
+/// keys no evaluator knows stay absent), and a quota next to it keeps working.
+#[tokio::test]
+async fn absurd_values_and_ten_thousand_keys_break_nothing() {
+    let snapshots = controller(Flavor::LazyquotaOnly, test_config());
+    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "absurd")
+        .await
+        .expect("namespace");
+    let quotas = ns.api::<ResourceQuota>();
+    let mut hard: Vec<(String, String)> = (0..10_000)
+        .map(|i| (format!("example.com/unknown-{i}"), "1".to_owned()))
+        .collect();
+    hard.push(("count/configmaps".into(), "1e18".into()));
+    hard.push(("requests.cpu".into(), "999999999999999999".into()));
+    hard.push(("limits.memory".into(), "8Ei".into()));
+    let hard_refs: Vec<(&str, &str)> = hard.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    quotas
+        .create(&PostParams::default(), &quota("huge", &hard_refs))
+        .await
+        .expect("the apiserver accepts it");
+    quotas
+        .create(
+            &PostParams::default(),
+            &quota("plain", &[("count/configmaps", "10")]),
+        )
+        .await
+        .expect("plain");
+
+    used_becomes(&quotas, "huge", "count/configmaps", "1")
+        .await
+        .expect("computed despite 10,000 keys");
+    used_becomes(&quotas, "huge", "requests.cpu", "0")
+        .await
+        .expect("absurd limit, ordinary usage");
+    used_becomes(&quotas, "plain", "count/configmaps", "1")
+        .await
+        .expect("the other quota is unaffected");
+    let q = quotas.get("huge").await.expect("quota");
+    let used = q.status.and_then(|s| s.used).unwrap_or_default();
+    assert!(
+        !used.keys().any(|k| k.starts_with("example.com/")),
+        "keys no evaluator computes stay absent"
+    );
+    common::create_configmap(&ns, "one-more").await;
+    used_becomes(&quotas, "plain", "count/configmaps", "2")
+        .await
+        .expect("still charged by admission");
+    assert!(snapshots.get().await.is_some(), "the controller is alive");
+    ns.delete().await.expect("delete namespace");
+}

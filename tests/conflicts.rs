@@ -1,0 +1,62 @@
+//! Another writer fighting over the same quota status: lazyquota's writes conflict (409),
+//! are retried with backoff, and once the other writer stops, status.used converges to the
+//! truth at the next recalculation (here a 2 s resync; KCM's default is 5 min). The writer
+//! is bounded: 30 writes.
+
+mod common;
+
+use std::{collections::BTreeMap, time::Duration};
+
+use common::{controller, quota, test_config, used_becomes};
+use k8s_openapi::{
+    api::core::v1::{ResourceQuota, ResourceQuotaStatus},
+    apimachinery::pkg::api::resource::Quantity,
+};
+use kube::api::PostParams;
+use lazyquota_kube::controller::Config;
+use lazyquota_testenv::{Flavor, TestNamespace};
+
+#[tokio::test]
+async fn a_concurrent_status_writer_does_not_win() {
+    let config = Config {
+        resync_period: Duration::from_secs(2),
+        ..test_config()
+    };
+    let _lazy = controller(Flavor::LazyquotaOnly, config);
+    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "conflicts")
+        .await
+        .expect("namespace");
+    let quotas = ns.api::<ResourceQuota>();
+    quotas
+        .create(&PostParams::default(), &quota("q", &[("count/configmaps", "50")]))
+        .await
+        .expect("quota");
+    used_becomes(&quotas, "q", "count/configmaps", "1")
+        .await
+        .expect("computed");
+
+    // The other writer: 30 status updates with a wrong value, each on the latest version.
+    let mut conflicts = 0;
+    for i in 0..30 {
+        let mut q = quotas.get("q").await.expect("quota");
+        let hard = q.spec.as_ref().and_then(|s| s.hard.clone());
+        q.status = Some(ResourceQuotaStatus {
+            hard,
+            used: Some(BTreeMap::from([(
+                "count/configmaps".to_owned(),
+                Quantity(format!("{}", 40 + i % 7)),
+            )])),
+        });
+        match quotas.replace_status("q", &PostParams::default(), &q).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => conflicts += 1,
+            Err(e) => panic!("status write: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("the other writer met {conflicts} conflicts in 30 writes");
+    used_becomes(&quotas, "q", "count/configmaps", "1")
+        .await
+        .expect("lazyquota's value wins back");
+    ns.delete().await.expect("delete namespace");
+}
