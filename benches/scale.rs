@@ -70,6 +70,8 @@ struct Args {
     objects_per_crd: usize,
     constrained: usize,
     new_quota_samples: usize,
+    /// Extra objects of each CRD used for the new-quota samples, in that sample's namespace.
+    new_crd_objects: usize,
     deletes: usize,
     settle: Duration,
     out: PathBuf,
@@ -87,6 +89,7 @@ impl Args {
             objects_per_crd: 20,
             constrained: 5,
             new_quota_samples: 50,
+            new_crd_objects: 0,
             deletes: 200,
             settle: Duration::from_secs(10),
             out: Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/results"),
@@ -114,6 +117,7 @@ impl Args {
                 "--pvcs" => a.pvcs = num(value()),
                 "--objects-per-crd" => a.objects_per_crd = num(value()),
                 "--new-quota-samples" => a.new_quota_samples = num(value()),
+                "--new-crd-objects" => a.new_crd_objects = num(value()),
                 "--deletes" => a.deletes = num(value()),
                 "--settle" => a.settle = Duration::from_secs(num(value()) as u64),
                 "--out" => a.out = PathBuf::from(value()),
@@ -201,6 +205,7 @@ async fn run(args: &Args, state: &Path, facts: &BTreeMap<String, String>) -> Res
     for &n in &args.crds {
         let t = Instant::now();
         data.create_crds(&client, crds_made, n).await;
+        data.grow_new_crds(&client, args, crds_made, n).await;
         crds_made = n;
         eprintln!(
             "scale: N={n}: {n} CRDs with {} objects each ready in {:?}",
@@ -343,6 +348,35 @@ impl Data {
                         }
                     }
                     panic!("could not create {}/{ns}/o{j}", resource.plural);
+                }
+            })
+            .buffer_unordered(32)
+            .collect::<Vec<()>>()
+            .await;
+    }
+
+    /// Gives each CRD that a new-quota sample will name `--new-crd-objects` more objects in
+    /// that sample's namespace (only for CRDs created in this step).
+    async fn grow_new_crds(&self, client: &Client, args: &Args, from: usize, to: usize) {
+        let creates: Vec<(usize, String, usize)> = (0..args.new_quota_samples)
+            .map(|j| (self.constrained + j, j))
+            .filter(|(i, _)| (from..to).contains(i))
+            .flat_map(|(i, j)| {
+                let ns = self.namespaces[j % self.namespaces.len()].clone();
+                (0..args.new_crd_objects).map(move |k| (i, ns.clone(), k))
+            })
+            .collect();
+        stream::iter(creates)
+            .map(|(i, ns, k)| {
+                let client = client.clone();
+                let resource = self.resource(i);
+                async move {
+                    let api: Api<DynamicObject> = Api::namespaced_with(client, &ns, &resource);
+                    let object = DynamicObject::new(&format!("x{k}"), &resource).within(&ns);
+                    match api.create(&PostParams::default(), &object).await {
+                        Ok(_) | Err(kube::Error::Api(_)) => {}
+                        Err(e) => panic!("creating {}/{ns}/x{k}: {e}", resource.plural),
+                    }
                 }
             })
             .buffer_unordered(32)
@@ -576,7 +610,10 @@ async fn measure(
             let ns = &data.namespaces[j % data.namespaces.len()];
             let api: Api<ResourceQuota> = Api::namespaced(client.clone(), ns);
             let key = format!("count/{}.{}", crd_plural(first_new + j), data.group);
-            let want = vec![(key.clone(), data.objects_per_crd_per_ns.to_string())];
+            let want = vec![(
+                key.clone(),
+                (data.objects_per_crd_per_ns + args.new_crd_objects).to_string(),
+            )];
             let t = Instant::now();
             api.create(
                 &PostParams::default(),

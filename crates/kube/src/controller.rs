@@ -109,6 +109,21 @@ impl Default for Config {
     }
 }
 
+/// An Event's note, at most (events.k8s.io/v1 allows 1024 bytes).
+const MAX_NOTE_BYTES: usize = 1000;
+
+/// `text` cut to at most `max` bytes at a character boundary, marked with an ellipsis.
+fn truncate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
 /// Events published at once, at most (a burst beyond is dropped and logged).
 const MAX_PENDING_EVENTS: usize = 256;
 
@@ -407,7 +422,7 @@ impl Controller {
         let update = self.engine.apply_quota(key.clone(), quota);
         report_spec_problems(&key, &update.problems);
         for problem in &update.problems {
-            self.emit(&key, EventType::Warning, "InvalidSpec", problem.to_string());
+            self.emit(&key, EventType::Warning, "InvalidSpec", &problem.to_string());
         }
         self.apply_demand(&update.changes);
         if update.recompute {
@@ -811,13 +826,13 @@ impl Controller {
     /// the namespaces it serves.
     fn emit_for_resource(&mut self, key: &WatchKey, type_: EventType, reason: &str, note: &str) {
         for quota in self.quotas_served_by(key) {
-            self.emit(&quota, type_, reason, note.to_owned());
+            self.emit(&quota, type_, reason, note);
         }
     }
 
     /// Records an Event on a quota (published by the loop; dropped, with a log line, if too
     /// many are already in flight).
-    fn emit(&mut self, quota: &QuotaKey, type_: EventType, reason: &str, note: String) {
+    fn emit(&mut self, quota: &QuotaKey, type_: EventType, reason: &str, note: &str) {
         if self.events.len() >= MAX_PENDING_EVENTS {
             warn!(quota = %quota, reason, "too many Events in flight; dropping one");
             return;
@@ -831,6 +846,8 @@ impl Controller {
             uid,
             ..ObjectReference::default()
         };
+        // events.k8s.io/v1 rejects a note over 1 KiB; error texts can be longer.
+        let note = truncate(note, MAX_NOTE_BYTES);
         let event = Event {
             type_,
             reason: reason.to_owned(),
@@ -1094,4 +1111,17 @@ fn api_change_stream(client: &Client) -> BoxStream<'static, ()> {
             .filter_map(changed),
     )
     .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::truncate;
+
+    #[test]
+    fn event_notes_fit_the_api_limit_on_a_char_boundary() {
+        let long = "é".repeat(2000);
+        let cut = truncate(&long, 1000);
+        assert!(cut.len() <= 1000 && cut.ends_with('…'), "{}", cut.len());
+        assert_eq!(truncate("short", 1000), "short");
+    }
 }

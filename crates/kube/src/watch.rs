@@ -243,6 +243,7 @@ fn failure_reason(error: &watcher::Error) -> &'static str {
         Some(403) => "forbidden",
         Some(404) => "not_found",
         Some(410) => "expired",
+        Some(429) => "too_many_requests",
         Some(500..=599) => "server_error",
         Some(_) => "api_error",
         None => match error {
