@@ -104,8 +104,10 @@ struct RunArgs {
     /// Safety-net discovery poll; CRD and APIService changes trigger discovery at once.
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
     discovery_poll: Duration,
-    /// Streaming lists (sendInitialEvents): probe the server once (auto), or force.
-    #[arg(long, value_enum, default_value_t = StreamingLists::Auto)]
+    /// Streaming lists (sendInitialEvents): off (paginated, consistent lists), probe the server
+    /// once (auto), or force (on). Off by default: kube-runtime streams at resourceVersion 0,
+    /// which a failing apiserver watch cache can answer with a stale empty list.
+    #[arg(long, value_enum, default_value_t = StreamingLists::Off)]
     streaming_lists: StreamingLists,
     /// How to talk to the apiserver: HTTP/1.1 (one connection per open watch) or HTTP/2 (all
     /// watches multiplexed on one connection; beyond the apiserver's stream limit per

@@ -286,3 +286,107 @@ async fn absurd_values_and_ten_thousand_keys_break_nothing() {
     assert!(snapshots.get().await.is_some(), "the controller is alive");
     ns.delete().await.expect("delete namespace");
 }
+
+/// A CRD whose preferred version needs a conversion webhook that does not answer cannot be
+/// listed. Upstream KCM would stop accounting every quota until it syncs (kubernetes
+/// #96066); lazyquota withholds only the key computed from it, reports it with an Event and
+/// a failing watch, and keeps the other keys current.
+#[tokio::test]
+async fn a_crd_with_a_broken_conversion_webhook_withholds_only_its_key() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let snapshots = controller(Flavor::LazyquotaOnly, test_config());
+    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "broken-crd")
+        .await
+        .expect("namespace");
+    let client = ns.client();
+    let group = format!("{}.lazyquota.test", unique_name("g"));
+    let crd: CustomResourceDefinition = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("brokens.{group}")},
+        "spec": {
+            "group": group, "scope": "Namespaced",
+            "names": {"plural": "brokens", "singular": "broken", "kind": "Broken"},
+            "versions": [
+                {"name": "v1", "served": true, "storage": true,
+                 "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}},
+                {"name": "v2", "served": true, "storage": false,
+                 "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}
+            ],
+            // Nothing listens on loopback port 1: every conversion fails.
+            "conversion": {"strategy": "Webhook", "webhook": {
+                "conversionReviewVersions": ["v1"],
+                "clientConfig": {"url": "https://127.0.0.1:1/convert"}}}
+        }
+    }))
+    .expect("CRD");
+    kube::Api::<CustomResourceDefinition>::all(client.clone())
+        .create(&PostParams::default(), &crd)
+        .await
+        .expect("create CRD");
+    // Stored at v1 (writing it needs no conversion); v2, the preferred version, cannot be read.
+    let v1 = kube::api::ApiResource {
+        group: group.clone(),
+        version: "v1".into(),
+        api_version: format!("{group}/v1"),
+        kind: "Broken".into(),
+        plural: "brokens".into(),
+    };
+    let stored = eventually(WAIT, || async {
+        create_object(&client, &v1, ns.name(), "b1").await.ok()
+    })
+    .await;
+    assert!(stored.is_some(), "an object stored at v1");
+
+    let key = format!("count/brokens.{group}");
+    let quotas = ns.api::<ResourceQuota>();
+    quotas
+        .create(
+            &PostParams::default(),
+            &quota("mixed", &[(&key, "5"), ("count/configmaps", "5")]),
+        )
+        .await
+        .expect("quota");
+    used_becomes(&quotas, "mixed", "count/configmaps", "1")
+        .await
+        .expect("the other key is current");
+    let failing = eventually(WAIT, || async {
+        let snapshot = snapshots.get().await?;
+        snapshot
+            .watches
+            .iter()
+            .find(|w| w.key.resource.object_count_name() == key)
+            .and_then(|w| w.failure.clone())
+    })
+    .await
+    .expect("the broken type's watch is reported failing");
+    let q = quotas.get("mixed").await.expect("quota");
+    assert!(
+        !q.status
+            .and_then(|s| s.used)
+            .is_some_and(|u| u.contains_key(&key)),
+        "its key is withheld, not counted as 0 (failure: {failing})"
+    );
+    let events = ns.api::<k8s_openapi::api::events::v1::Event>();
+    let event = eventually(WAIT, || async {
+        let list = events.list(&kube::api::ListParams::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("ResourceUnavailable"))
+    })
+    .await
+    .expect("a ResourceUnavailable Event");
+    assert!(
+        event.note.unwrap_or_default().contains("brokens"),
+        "the Event names the resource"
+    );
+
+    common::create_configmap(&ns, "more").await;
+    ns.api::<k8s_openapi::api::core::v1::ConfigMap>()
+        .delete("more", &DeleteParams::default())
+        .await
+        .expect("delete configmap");
+    used_becomes(&quotas, "mixed", "count/configmaps", "1")
+        .await
+        .expect("still current");
+    delete_crd(&client, &group, "brokens").await;
+    ns.delete().await.expect("delete namespace");
+}

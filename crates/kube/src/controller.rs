@@ -86,7 +86,10 @@ pub struct Config {
     pub discovery_poll: Duration,
     /// Feature gates of the KCM whose results are mirrored.
     pub gates: FeatureGates,
-    /// Streaming lists: `Some(choice)`, or `None` to probe the server once.
+    /// Streaming lists: `Some(choice)`, or `None` to probe the server once. Off by default:
+    /// kube-runtime asks for them at resourceVersion 0 ("any"), which an apiserver watch cache
+    /// that cannot convert a CRD's objects answered with an empty list — a false `0` —
+    /// where a paginated consistent list fails and withholds the key, as it should.
     pub streaming_lists: Option<bool>,
     /// This instance's name in Events it records (a pod name).
     pub instance: String,
@@ -103,7 +106,7 @@ impl Default for Config {
             namespace_watch_threshold: 8,
             discovery_poll: Duration::from_secs(300),
             gates: FeatureGates::default(),
-            streaming_lists: None,
+            streaming_lists: Some(false),
             instance: "lazyquota".into(),
         }
     }
