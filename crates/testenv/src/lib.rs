@@ -343,7 +343,10 @@ pub struct TestNamespace {
 }
 
 impl TestNamespace {
-    /// Creates a fresh namespace named `lq-<prefix>-<unique>` in the control plane of `flavor`.
+    /// Creates a fresh namespace named `lq-<prefix>-<unique>` in the control plane of `flavor`,
+    /// and returns once it is as a real cluster makes it: KCM's root-CA publisher has put
+    /// `kube-root-ca.crt` into it (tests count ConfigMaps, and a quota created while that
+    /// ConfigMap races in would be a different test).
     pub async fn create(flavor: Flavor, prefix: &str) -> Result<Self, Error> {
         let cp = ControlPlane::get(flavor);
         let client = cp.client().await?;
@@ -363,6 +366,16 @@ impl TestNamespace {
                 what: format!("creating namespace {name}"),
                 source,
             })?;
+        let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), &name);
+        let published = eventually(Duration::from_secs(30), || async {
+            configmaps.get_opt("kube-root-ca.crt").await.ok().flatten()
+        })
+        .await;
+        if published.is_none() {
+            return Err(Error::Missing(
+                "root CA ConfigMap in a new namespace within 30 s (is KCM running?)",
+            ));
+        }
         Ok(Self {
             name,
             client,
