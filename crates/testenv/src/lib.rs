@@ -196,6 +196,87 @@ impl ControlPlane {
             })
     }
 
+    /// Kills a component (`etcd` or `kube-apiserver`) with SIGKILL and starts it again with the
+    /// same command line (same ports, certificates and data), appending to its log; returns
+    /// once it is healthy again. For fault tests: other tests sharing this control plane see
+    /// the outage, so such tests live in a test binary of their own.
+    ///
+    /// # Panics
+    /// If the component cannot be found, killed, restarted, or is not healthy within 60 s.
+    pub async fn kill_and_restart(&self, component: &str) {
+        let dir = PathBuf::from(
+            self.fact("LAZYQUOTA_CP_DIR")
+                .expect("a control plane started by start.sh"),
+        );
+        let pid_file = dir.join(format!("{component}.pid"));
+        let pid: u32 = std::fs::read_to_string(&pid_file)
+            .expect("pid file")
+            .trim()
+            .parse()
+            .expect("pid");
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("the component is running");
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .expect("kill");
+        while std::path::Path::new(&format!("/proc/{pid}")).exists()
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .unwrap_or_default()
+                .contains(") Z")
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let log_path = dir.join(format!("logs/{component}.log"));
+        let spawn = || {
+            let log = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(&log_path)
+                .expect("log");
+            Command::new("setsid")
+                .args(&args)
+                .stdin(std::process::Stdio::null())
+                .stdout(log.try_clone().expect("log"))
+                .stderr(log)
+                .spawn()
+                .expect("restart")
+        };
+        let mut child = spawn();
+        let healthy = eventually(Duration::from_secs(60), || {
+            // The killed process can hold its ports for a moment after SIGKILL: a restart that
+            // exits at once (address in use) is started again.
+            if child.try_wait().ok().flatten().is_some() {
+                child = spawn();
+            }
+            let ok = match component {
+                "etcd" => Command::new("curl")
+                    .args(["-fsS", "--max-time", "2"])
+                    .arg(format!(
+                        "{}/health",
+                        self.fact("LAZYQUOTA_ETCD_URL").expect("etcd url")
+                    ))
+                    .output()
+                    .is_ok_and(|o| o.status.success()),
+                _ => apiserver_ready(
+                    self.fact("LAZYQUOTA_APISERVER_URL").expect("apiserver url"),
+                    &self.facts,
+                ),
+            };
+            async move { ok.then_some(()) }
+        })
+        .await;
+        // Not waited for: the component outlives this process, like the rest of the control
+        // plane; stop.sh stops it through the pid file.
+        std::fs::write(&pid_file, child.id().to_string()).expect("pid file");
+        drop(child);
+        assert!(healthy.is_some(), "{component} is not healthy again within 60 s");
+    }
+
     /// The kube-apiserver's own `/metrics` text.
     pub async fn apiserver_metrics(&self) -> Result<String, Error> {
         let client = self.client().await?;
