@@ -7,33 +7,31 @@ mod common;
 
 use std::time::Duration;
 
-use common::{controller, quota, test_config, used_becomes};
-use k8s_openapi::api::core::v1::{ResourceQuota, Secret};
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use common::{
+    controller, create_crd, create_object, delete_crd, delete_object, quota, test_config, used_becomes,
+};
+use k8s_openapi::api::core::v1::ResourceQuota;
+use kube::api::{ApiResource, PostParams};
 use lazyquota_kube::controller::{Config, SnapshotHandle, WatchInfo};
-use lazyquota_testenv::{Flavor, TestNamespace, eventually};
+use lazyquota_testenv::{Flavor, TestNamespace, eventually, unique_name};
 
-async fn secrets_watches(controller: &SnapshotHandle) -> Vec<WatchInfo> {
+/// The controller's watches of `count_name` (this test's own CRD, so that quotas left by
+/// other tests in terminating namespaces cannot add demand).
+async fn watches_of(controller: &SnapshotHandle, count_name: &str) -> Vec<WatchInfo> {
     let snapshot = controller.get().await.expect("controller running");
     snapshot
         .watches
         .into_iter()
-        .filter(|w| w.key.resource.object_count_name() == "count/secrets")
+        .filter(|w| w.key.resource.object_count_name() == count_name)
         .collect()
 }
 
-async fn secret(ns: &TestNamespace, name: &str) {
-    let s = Secret {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        ..Secret::default()
-    };
-    ns.api::<Secret>()
-        .create(&PostParams::default(), &s)
-        .await
-        .expect("secret");
+async fn objects(ns: &TestNamespace, resource: &ApiResource, names: &[&str]) {
+    for name in names {
+        create_object(&ns.client(), resource, ns.name(), name)
+            .await
+            .expect("object");
+    }
 }
 
 #[tokio::test]
@@ -52,22 +50,21 @@ async fn a_namespace_joining_a_cluster_wide_watch_is_filled_without_a_relist() {
     let c = TestNamespace::create(Flavor::LazyquotaOnly, "scope-c")
         .await
         .expect("namespace c");
-    for (ns, n) in [(&a, 1), (&b, 2), (&c, 3)] {
-        for i in 0..n {
-            secret(ns, &format!("s{i}")).await;
-        }
-    }
-    let hard = [("count/secrets", "100")];
+    let group = format!("{}.lazyquota.test", unique_name("g"));
+    let scopes = create_crd(&a.client(), &group, "scopes").await;
+    let key = format!("count/scopes.{group}");
+    objects(&a, &scopes, &["s0"]).await;
+    objects(&b, &scopes, &["s0", "s1"]).await;
+    objects(&c, &scopes, &["s0", "s1", "s2"]).await;
+    let hard = [(key.as_str(), "100")];
 
     // One namespace: a namespaced watch.
     a.api::<ResourceQuota>()
         .create(&PostParams::default(), &quota("q", &hard))
         .await
         .expect("quota a");
-    used_becomes(&a.api(), "q", "count/secrets", "1")
-        .await
-        .expect("a counted");
-    let watches = secrets_watches(&lazy).await;
+    used_becomes(&a.api(), "q", &key, "1").await.expect("a counted");
+    let watches = watches_of(&lazy, &key).await;
     assert_eq!(watches.len(), 1);
     assert_eq!(
         watches[0].key.namespace.as_deref(),
@@ -80,11 +77,9 @@ async fn a_namespace_joining_a_cluster_wide_watch_is_filled_without_a_relist() {
         .create(&PostParams::default(), &quota("q", &hard))
         .await
         .expect("quota b");
-    used_becomes(&b.api(), "q", "count/secrets", "2")
-        .await
-        .expect("b counted");
+    used_becomes(&b.api(), "q", &key, "2").await.expect("b counted");
     let cluster_wide = eventually(Duration::from_secs(30), || async {
-        let w = secrets_watches(&lazy).await;
+        let w = watches_of(&lazy, &key).await;
         (w.len() == 1 && w[0].key.namespace.is_none() && w[0].synced).then(|| w[0].clone())
     })
     .await
@@ -96,10 +91,10 @@ async fn a_namespace_joining_a_cluster_wide_watch_is_filled_without_a_relist() {
         .create(&PostParams::default(), &quota("q", &hard))
         .await
         .expect("quota c");
-    used_becomes(&c.api(), "q", "count/secrets", "3")
+    used_becomes(&c.api(), "q", &key, "3")
         .await
         .expect("c filled from its own list");
-    let after = secrets_watches(&lazy).await;
+    let after = watches_of(&lazy, &key).await;
     assert_eq!(after.len(), 1, "still one watch");
     assert_eq!(
         after[0].id, cluster_wide.id,
@@ -111,27 +106,19 @@ async fn a_namespace_joining_a_cluster_wide_watch_is_filled_without_a_relist() {
     );
 
     // And it is exact afterwards: events for the joined namespace count.
-    secret(&c, "later").await;
-    c.api::<Secret>()
-        .delete("s0", &DeleteParams::default())
-        .await
-        .expect("delete");
-    c.api::<Secret>()
-        .delete("s1", &DeleteParams::default())
-        .await
-        .expect("delete");
-    used_becomes(&c.api(), "q", "count/secrets", "2")
+    objects(&c, &scopes, &["later"]).await;
+    delete_object(&c.client(), &scopes, c.name(), "s0").await;
+    delete_object(&c.client(), &scopes, c.name(), "s1").await;
+    used_becomes(&c.api(), "q", &key, "2")
         .await
         .expect("c follows the shared watch");
     // Namespace a still counts through the same watch.
-    a.api::<Secret>()
-        .delete("s0", &DeleteParams::default())
-        .await
-        .expect("delete");
-    used_becomes(&a.api(), "q", "count/secrets", "0")
+    delete_object(&a.client(), &scopes, a.name(), "s0").await;
+    used_becomes(&a.api(), "q", &key, "0")
         .await
         .expect("a follows the shared watch");
 
+    delete_crd(&a.client(), &group, "scopes").await;
     for ns in [a, b, c] {
         ns.delete().await.expect("delete namespace");
     }
