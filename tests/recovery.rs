@@ -56,9 +56,19 @@ async fn quotas_converge_after_apiserver_and_etcd_restarts() {
     for i in 0..5 {
         secret(&ns, &format!("s{i}")).await;
     }
-    used_becomes(&quotas, "q", "count/secrets", "5")
-        .await
-        .expect("initial usage");
+    if used_becomes(&quotas, "q", "count/secrets", "5").await.is_none() {
+        let q = quotas.get("q").await.expect("quota");
+        let snapshot = lazy.get().await.expect("controller");
+        panic!(
+            "initial usage not reached: status {:?}; watches {:#?}",
+            q.status,
+            snapshot
+                .watches
+                .iter()
+                .filter(|w| w.key.resource.resource == "secrets")
+                .collect::<Vec<_>>()
+        );
+    }
 
     for (round, component) in ["kube-apiserver", "kube-apiserver", "etcd"]
         .into_iter()

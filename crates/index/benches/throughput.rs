@@ -350,9 +350,9 @@ impl Fixture {
             Case::new(
                 "pod_delete_readd",
                 delete_readd,
+                // Deletes and adds both recompute (adds: see Engine::apply).
                 Tally {
-                    replenish: n_pods,
-                    stored: n_pods,
+                    replenish: 2 * n_pods,
                     ..Tally::default()
                 },
             ),
@@ -360,8 +360,7 @@ impl Fixture {
                 "count_add_delete",
                 add_delete,
                 Tally {
-                    replenish: n_widgets,
-                    stored: n_widgets,
+                    replenish: 2 * n_widgets,
                     ..Tally::default()
                 },
             ),

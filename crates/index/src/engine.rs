@@ -126,10 +126,11 @@ pub struct QuotaUpdate {
 pub enum Applied {
     /// The partition is not held: the object was dropped at ingest.
     NotHeld,
-    /// Stored; the quotas need no recalculation (an add, or an update upstream's filter
+    /// Stored; the quotas need no recalculation (an update upstream's filter
     /// ignores).
     Stored,
-    /// Stored or removed, and upstream would replenish the namespace's quotas.
+    /// Stored or removed, and the namespace's quotas must be recomputed (a delete or a
+    /// filtered update, as upstream; or an add, see [`Engine::apply`]).
     Replenish,
     /// The object could not be projected; the reason.
     Malformed(String),
@@ -369,7 +370,14 @@ impl Engine {
         None
     }
 
-    /// An added or modified object; says whether upstream's update filter would replenish.
+    /// An added or modified object; says whether the namespace's quotas must be recomputed:
+    /// on updates, when upstream's update filter says so; on **adds**, always — unlike
+    /// upstream. The admission plugin charges a create before the object exists, so a
+    /// recalculation from a cache that has not seen the object yet writes a lower value under
+    /// a current resourceVersion (no conflict), and upstream keeps that undercount until its
+    /// next full resync. kcp works around the same drift by turning adds into updates.
+    /// Recomputing on adds costs one computation, coalesced by the work queue, and writes
+    /// nothing when the values already agree.
     pub fn apply(
         &mut self,
         kind: StoreKind,
@@ -385,21 +393,18 @@ impl Engine {
         let replenish = match (kind, object) {
             (_, Projected::Malformed(reason)) => return Applied::Malformed(reason),
             // Metadata-only updates never change a count (upstream's filter is false for them).
-            (StoreKind::Counts, _) => {
-                self.counts.apply(p, id, ());
-                false
-            }
+            (StoreKind::Counts, _) => matches!(self.counts.apply(p, id, ()), Change::Added),
             (StoreKind::Pods, Projected::Pod(new)) => match self.pods.apply(p, id, new.clone()) {
                 Change::Updated(old) => pod_update_triggers(&old, &new, now, gates),
-                _ => false,
+                _ => true,
             },
             (StoreKind::Services, Projected::Service(new)) => match self.services.apply(p, id, new) {
                 Change::Updated(old) => service_update_triggers(&old, &new),
-                _ => false,
+                _ => true,
             },
             (StoreKind::Pvcs, Projected::Pvc(new)) => match self.pvcs.apply(p, id, new.clone()) {
                 Change::Updated(old) => pvc_update_triggers(&old, &new),
-                _ => false,
+                _ => true,
             },
             (kind, object) => {
                 return Applied::Malformed(format!("{object:?} does not belong in the {kind:?} store"));
