@@ -29,10 +29,7 @@ use std::{
 };
 
 use dhat::HeapStats;
-use k8s_openapi::{
-    api::core::v1::{Pod, ResourceQuota, ResourceQuotaSpec},
-    apimachinery::pkg::{api::resource::Quantity as K8sQuantity, apis::meta::v1::ObjectMeta},
-};
+use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::api::resource::Quantity as K8sQuantity};
 use lazyquota_index::{
     engine::{Engine, Projected, StoreKind, same_value, store_kind},
     keys::{ClusterName, GroupResource, QuotaKey, object_id},
@@ -47,7 +44,7 @@ static ALLOC: dhat::Alloc = dhat::Alloc;
 /// Objects per case when `LAZYQUOTA_BENCH_OBJECTS` is unset.
 mod support;
 
-use support::{list, pod, served};
+use support::{pod, quota, served};
 
 const DEFAULT_OBJECTS: usize = 100_000;
 /// Objects per case in a smoke run (no `--bench` argument).
@@ -114,23 +111,6 @@ fn pod_templates() -> Vec<Pod> {
     ]
 }
 
-fn quota(namespace: &str, hard: &[(&str, &str)]) -> ResourceQuota {
-    ResourceQuota {
-        metadata: ObjectMeta {
-            name: Some("compute".to_owned()),
-            namespace: Some(namespace.to_owned()),
-            resource_version: Some("4242".to_owned()),
-            uid: Some(format!("uid-{namespace}-compute")),
-            ..ObjectMeta::default()
-        },
-        spec: Some(ResourceQuotaSpec {
-            hard: Some(list(hard)),
-            ..ResourceQuotaSpec::default()
-        }),
-        status: None,
-    }
-}
-
 /// An engine set up as the controller sets it up: one discovery run, one quota per
 /// namespace, and every partition that the quotas' demand changes ask for held.
 struct Setup {
@@ -149,7 +129,7 @@ fn setup(cluster: &ClusterName, served: ServedResource, hard: &[(&str, &str)], n
     for n in 0..namespaces {
         let ns = namespace(n);
         let key = QuotaKey::new(cluster, &ns, "compute");
-        let update = engine.apply_quota(key.clone(), &quota(&ns, hard));
+        let update = engine.apply_quota(key.clone(), &quota(&ns, "compute", hard));
         assert!(update.recompute && update.problems.is_empty(), "{update:?}");
         for change in update.changes {
             let Some(need) = change.to else { continue };

@@ -32,10 +32,7 @@ use std::{
 };
 
 use criterion::{BatchSize, Criterion, Throughput};
-use k8s_openapi::{
-    api::core::v1::{Pod, ResourceQuota, ResourceQuotaSpec},
-    apimachinery::pkg::{api::resource::Quantity as K8sQuantity, apis::meta::v1::ObjectMeta},
-};
+use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::api::resource::Quantity as K8sQuantity};
 use lazyquota_index::{
     engine::{Applied, Engine, Projected, StoreKind, same_value, store_kind},
     keys::{ClusterName, GroupResource, QuotaKey, object_id},
@@ -45,7 +42,7 @@ use lazyquota_quota::{FeatureGates, Interner, PodProjection, Time};
 
 mod support;
 
-use support::{list, pod, served};
+use support::{pod, quota, served};
 
 const NAMESPACES: usize = 10;
 const PODS_PER_NAMESPACE: usize = 1_000;
@@ -82,21 +79,6 @@ fn pod_shapes() -> Vec<(Pod, Pod)> {
     .into_iter()
     .map(|(requests, resized, limits, class)| (pod(requests, limits, class), pod(resized, limits, class)))
     .collect()
-}
-
-fn quota(namespace: &str, name: &str, hard: &[(&str, &str)]) -> ResourceQuota {
-    ResourceQuota {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            namespace: Some(namespace.to_owned()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(ResourceQuotaSpec {
-            hard: Some(list(hard)),
-            ..ResourceQuotaSpec::default()
-        }),
-        status: None,
-    }
 }
 
 // ---- events ---------------------------------------------------------------------------------

@@ -102,6 +102,9 @@ pub type NamespaceDemand = BTreeMap<Arc<str>, Need>;
 pub struct PolicyIndex<T> {
     gates: FeatureGates,
     quotas: HashMap<QuotaKey, QuotaEntry<T>>,
+    /// The quotas of each (cluster, namespace): events are routed to a namespace's quotas
+    /// without scanning every quota of every namespace.
+    by_namespace: HashMap<ClusterName, HashMap<Arc<str>, BTreeSet<QuotaKey>>>,
     demand: BTreeMap<(ClusterName, GroupResource), BTreeMap<Arc<str>, Refs>>,
 }
 
@@ -111,6 +114,7 @@ impl<T> PolicyIndex<T> {
         Self {
             gates,
             quotas: HashMap::new(),
+            by_namespace: HashMap::new(),
             demand: BTreeMap::new(),
         }
     }
@@ -133,6 +137,12 @@ impl<T> PolicyIndex<T> {
         let mut changes = Vec::new();
         let old_demands = old.map(|e| e.demands).unwrap_or_default();
         self.adjust(&key, &old_demands, &demands, &mut changes);
+        self.by_namespace
+            .entry(key.cluster.clone())
+            .or_default()
+            .entry(key.namespace.clone())
+            .or_default()
+            .insert(key.clone());
         self.quotas.insert(
             key,
             QuotaEntry {
@@ -149,6 +159,17 @@ impl<T> PolicyIndex<T> {
         let mut changes = Vec::new();
         if let Some(old) = self.quotas.remove(key) {
             self.adjust(key, &old.demands, &BTreeMap::new(), &mut changes);
+            if let Some(namespaces) = self.by_namespace.get_mut(&key.cluster)
+                && let Some(keys) = namespaces.get_mut(&*key.namespace)
+            {
+                keys.remove(key);
+                if keys.is_empty() {
+                    namespaces.remove(&*key.namespace);
+                }
+                if namespaces.is_empty() {
+                    self.by_namespace.remove(&key.cluster);
+                }
+            }
         }
         changes
     }
@@ -293,23 +314,45 @@ impl<T> PolicyIndex<T> {
         namespace: &str,
         resource: &GroupResource,
     ) -> Vec<QuotaKey> {
-        self.quotas
-            .iter()
-            .filter(|(k, e)| {
-                &k.cluster == cluster && &*k.namespace == namespace && e.status_resources.contains(resource)
+        self.in_namespace(cluster, namespace)
+            .filter(|k| {
+                self.quotas
+                    .get(*k)
+                    .is_some_and(|e| e.status_resources.contains(resource))
             })
-            .map(|(k, _)| k.clone())
+            .cloned()
             .collect()
     }
 
-    /// The quotas of (cluster, namespace) that compute some key from `resource` (by
-    /// `spec.hard`): the quotas to recompute when that resource's watch becomes synced.
+    /// The quotas that compute some key from `resource` (by `spec.hard`) in `cluster`: the
+    /// quotas to recompute when that resource's watch becomes synced. Only the namespaces
+    /// that demand the resource are looked at.
     pub fn computing(&self, cluster: &ClusterName, resource: &GroupResource) -> Vec<QuotaKey> {
-        self.quotas
-            .iter()
-            .filter(|(k, e)| &k.cluster == cluster && e.demands.contains_key(resource))
-            .map(|(k, _)| k.clone())
+        let Some(namespaces) = self.demand.get(&(cluster.clone(), resource.clone())) else {
+            return Vec::new();
+        };
+        namespaces
+            .keys()
+            .flat_map(|ns| self.in_namespace(cluster, ns))
+            .filter(|k| {
+                self.quotas
+                    .get(*k)
+                    .is_some_and(|e| e.demands.contains_key(resource))
+            })
+            .cloned()
             .collect()
+    }
+
+    fn in_namespace<'a>(
+        &'a self,
+        cluster: &ClusterName,
+        namespace: &str,
+    ) -> impl Iterator<Item = &'a QuotaKey> {
+        self.by_namespace
+            .get(cluster)
+            .and_then(|n| n.get(namespace))
+            .into_iter()
+            .flatten()
     }
 }
 
@@ -513,6 +556,26 @@ mod tests {
             let expected = fresh.cluster_demand(&cluster);
             prop_assert_eq!(&index.cluster_demand(&cluster), &expected);
             prop_assert_eq!(&replayed, &expected);
+            // Routing by namespace answers as a scan of every quota would.
+            for resource in [GroupResource::core("pods"), GroupResource::core("configmaps"), GroupResource::new("example.io", "widgets")] {
+                let mut computing = index.computing(&cluster, &resource);
+                computing.sort();
+                let mut scanned: Vec<QuotaKey> = index.quotas().filter(|(_, e)| e.demands.contains_key(&resource)).map(|(k, _)| k.clone()).collect();
+                scanned.sort();
+                prop_assert_eq!(computing, scanned);
+                for n in 0..3 {
+                    let ns = format!("ns{n}");
+                    let mut dirtied = index.dirtied_by(&cluster, &ns, &resource);
+                    dirtied.sort();
+                    let mut scanned: Vec<QuotaKey> = index
+                        .quotas()
+                        .filter(|(k, e)| *k.namespace == *ns && e.status_resources.contains(&resource))
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    scanned.sort();
+                    prop_assert_eq!(dirtied, scanned);
+                }
+            }
         }
     }
 }

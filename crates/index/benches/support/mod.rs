@@ -3,7 +3,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::{
-    api::core::v1::{Container, ContainerStatus, Pod, PodSpec, PodStatus, ResourceRequirements},
+    api::core::v1::{
+        Container, ContainerStatus, Pod, PodSpec, PodStatus, ResourceQuota, ResourceQuotaSpec,
+        ResourceRequirements,
+    },
     apimachinery::pkg::{api::resource::Quantity as K8sQuantity, apis::meta::v1::ObjectMeta},
 };
 use lazyquota_index::{keys::GroupResource, resolver::ServedResource};
@@ -86,5 +89,23 @@ pub fn served(resource: GroupResource, kind: &str) -> ServedResource {
         verbs: ["create", "delete", "get", "list", "patch", "update", "watch"]
             .map(String::from)
             .to_vec(),
+    }
+}
+
+/// A ResourceQuota as the apiserver serves it (with a resourceVersion and a uid).
+pub fn quota(namespace: &str, name: &str, hard: &[(&str, &str)]) -> ResourceQuota {
+    ResourceQuota {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            resource_version: Some("4242".to_owned()),
+            uid: Some(format!("uid-{namespace}-{name}")),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ResourceQuotaSpec {
+            hard: Some(list(hard)),
+            ..ResourceQuotaSpec::default()
+        }),
+        status: None,
     }
 }
