@@ -24,6 +24,7 @@ cp-stop:
 	bash tests/control-plane/stop.sh $(CP_DIR)
 	bash tests/control-plane/stop.sh .lazyquota/testenv-kcm-quota
 	bash tests/control-plane/stop.sh .lazyquota/testenv-lazyquota-only
+	bash tests/control-plane/stop.sh .lazyquota/testenv-multi-cluster
 
 lint:
 	cargo fmt --all -- --check

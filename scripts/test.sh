@@ -18,6 +18,7 @@ report() {
   local rc=$?
   bash tests/control-plane/stop.sh .lazyquota/testenv-kcm-quota >/dev/null 2>&1 || true
   bash tests/control-plane/stop.sh .lazyquota/testenv-lazyquota-only >/dev/null 2>&1 || true
+  bash tests/control-plane/stop.sh .lazyquota/testenv-multi-cluster >/dev/null 2>&1 || true
   printf '\n==> phase times\n' >&2
   for p in "${phases[@]}"; do printf '  %s\n' "$p" >&2; done
   exit $rc
@@ -27,7 +28,8 @@ trap report EXIT
 # Control planes left over from an interrupted run would be reused only if healthy; start clean.
 bash tests/control-plane/stop.sh .lazyquota/testenv-kcm-quota >/dev/null 2>&1 || true
 bash tests/control-plane/stop.sh .lazyquota/testenv-lazyquota-only >/dev/null 2>&1 || true
-rm -rf .lazyquota/testenv-kcm-quota .lazyquota/testenv-lazyquota-only
+bash tests/control-plane/stop.sh .lazyquota/testenv-multi-cluster >/dev/null 2>&1 || true
+rm -rf .lazyquota/testenv-kcm-quota .lazyquota/testenv-lazyquota-only .lazyquota/testenv-multi-cluster
 
 phase "format check" cargo fmt --all -- --check
 phase "control plane build" bash tests/control-plane/build.sh >/dev/null

@@ -4,19 +4,22 @@ mod server;
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
+use futures::future::{BoxFuture, FutureExt as _};
+
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use lazyquota_index::keys::ClusterName;
 use lazyquota_kube::{
     client::Transport,
-    controller::{Config, Controller, Mode},
+    controller::{Config, Controller, Mode, SnapshotHandle},
     lease::{LeaseLock, Timing},
     metrics::Metrics,
     report,
+    source::{ClusterFlags, ClusterSource, Endpoint},
 };
 use lazyquota_quota::FeatureGates;
 use tokio::sync::watch;
-use tracing::info;
+use tracing::{Instrument as _, info, info_span, warn};
 
 /// A Kubernetes ResourceQuota controller that watches a resource type only while some
 /// ResourceQuota constrains it.
@@ -69,15 +72,40 @@ enum Output {
     Json,
 }
 
-/// Where the cluster is.
+/// Where the clusters are. Without a cluster flag: one cluster, the kubeconfig's current
+/// context (or the in-cluster service account).
 #[derive(Args)]
 struct ClusterArgs {
     /// Path to a kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
     #[arg(long, env = "KUBECONFIG", value_name = "FILE")]
     kubeconfig: Option<PathBuf>,
-    /// The kubeconfig context to use (default: the current context).
+    /// A kubeconfig context to serve, named after the context. Repeat it to serve several
+    /// clusters from one process.
     #[arg(long, value_name = "NAME")]
-    context: Option<String>,
+    context: Vec<String>,
+    /// Serve every context of the kubeconfig, each as its own cluster.
+    #[arg(long)]
+    all_contexts: bool,
+    /// A kubeconfig file to serve as one more cluster (its current context), named NAME or
+    /// after that context. Repeatable.
+    #[arg(long, value_name = "[NAME=]FILE")]
+    cluster_kubeconfig: Vec<String>,
+}
+
+impl ClusterArgs {
+    fn source(&self) -> anyhow::Result<ClusterSource> {
+        Ok(ClusterSource::from_flags(&ClusterFlags {
+            kubeconfig: self.kubeconfig.as_deref(),
+            contexts: &self.context,
+            all_contexts: self.all_contexts,
+            cluster_kubeconfigs: &self.cluster_kubeconfig,
+        })?)
+    }
+
+    /// One client per cluster (HTTP/1.1, for the one-shot commands).
+    async fn endpoints(&self) -> anyhow::Result<Vec<Endpoint>> {
+        Ok(self.source()?.connect(Transport::Http1).await?)
+    }
 }
 
 #[derive(Args)]
@@ -253,7 +281,7 @@ fn init_tracing(format: LogFormat) {
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let RunArgs {
-        cluster: ClusterArgs { kubeconfig, context },
+        cluster,
         mode,
         resync_period,
         concurrency,
@@ -271,13 +299,21 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         TransportArg::Http1 => Transport::Http1,
         TransportArg::Http2 => Transport::Http2,
     };
-    let client =
-        lazyquota_kube::client::connect_with(kubeconfig.as_deref(), context.as_deref(), transport).await?;
-    let version = client
-        .apiserver_version()
-        .await
-        .context("cannot reach the kube-apiserver")?;
-    info!(version = %version.git_version, "connected");
+    let endpoints = cluster.source()?.connect(transport).await?;
+    // One cluster: unreachable is a start-up error. Several (hosted control planes): one
+    // that is down must not keep the others from being served; its controller retries.
+    let single = endpoints.len() == 1;
+    for endpoint in &endpoints {
+        match endpoint.client.apiserver_version().await {
+            Ok(version) => info!(cluster = %endpoint.name, version = %version.git_version, "connected"),
+            Err(error) if single => {
+                return Err(anyhow::Error::from(error).context("cannot reach the kube-apiserver"));
+            }
+            Err(error) => {
+                warn!(cluster = %endpoint.name, %error, "cannot reach the cluster yet; its controller keeps retrying");
+            }
+        }
+    }
 
     let identity = match &leader.leader_election_identity {
         Some(id) => id.clone(),
@@ -285,7 +321,6 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             .map_or_else(|_| "lazyquota".into(), |h| h.trim().to_owned()),
     };
     let config = Config {
-        cluster: ClusterName::new(context.as_deref().unwrap_or("default")),
         instance: identity.clone(),
         mode: match mode {
             ModeArg::Lazy => Mode::Lazy,
@@ -318,7 +353,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
 
     let metrics = Metrics::new();
-    let (controller_tx, controller_rx) = watch::channel(None);
+    let (controller_tx, controller_rx) = watch::channel(Vec::new());
     let (standby_tx, standby_rx) = watch::channel(!leader.leader_elect);
     let admin = server::Admin::new(metrics.clone(), controller_rx, standby_rx);
     let listener = tokio::net::TcpListener::bind(metrics_addr)
@@ -334,10 +369,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         };
         let namespace = &leader.leader_election_namespace;
         let name = &leader.leader_election_lease_name;
-        let lock = LeaseLock::new(client.clone(), namespace, name, &identity, timing);
-        info!(%identity, lease = %name, %namespace, "waiting for the leader lease");
+        // The Lease lives in the first cluster named (the only one, usually).
+        let lock = LeaseLock::new(endpoints[0].client.clone(), namespace, name, &identity, timing);
+        info!(%identity, lease = %name, %namespace, cluster = %endpoints[0].name, "waiting for the leader lease");
         run_leader_elected(
-            client,
+            endpoints,
             config,
             metrics,
             lock,
@@ -348,9 +384,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .await
     } else {
         metrics.leader.set(1);
-        let (controller, handle) = Controller::new(client, config, metrics);
-        controller_tx.send_replace(Some(handle));
-        controller.run(stopped()).await.map_err(anyhow::Error::from)
+        run_clusters(endpoints, &config, &metrics, &controller_tx, stopped).await
     };
     server.abort();
     info!("stopped");
@@ -360,17 +394,17 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 /// Waits for the Lease, then runs the controller while holding it. Losing the Lease ends
 /// the process with an error (Kubernetes restarts it as a standby): no write happens after.
 async fn run_leader_elected<F, Fut>(
-    client: kube::Client,
+    endpoints: Vec<Endpoint>,
     config: Config,
     metrics: Metrics,
     mut lock: LeaseLock,
-    controller_tx: &watch::Sender<Option<lazyquota_kube::controller::SnapshotHandle>>,
+    controller_tx: &watch::Sender<Vec<SnapshotHandle>>,
     standby_tx: &watch::Sender<bool>,
     stopped: F,
 ) -> anyhow::Result<()>
 where
     F: Fn() -> Fut,
-    Fut: std::future::Future<Output = ()>,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     metrics.leader.set(0);
     tokio::select! {
@@ -378,10 +412,8 @@ where
         () = stopped() => return Ok(()),
     }
     metrics.leader.set(1);
-    let (controller, handle) = Controller::new(client, config, metrics.clone());
-    controller_tx.send_replace(Some(handle));
     let outcome = tokio::select! {
-        result = controller.run(stopped()) => result.map_err(anyhow::Error::from),
+        result = run_clusters(endpoints, &config, &metrics, controller_tx, &stopped) => result,
         lost = lock.hold() => {
             metrics.leader.set(0);
             return Err(anyhow::Error::from(lost));
@@ -389,6 +421,49 @@ where
     };
     lock.release().await;
     metrics.leader.set(0);
+    outcome
+}
+
+/// Runs one controller per cluster, each in its own task (its logs carry the cluster), until
+/// `stopped` completes; the first controller error ends them all.
+async fn run_clusters<F, Fut>(
+    endpoints: Vec<Endpoint>,
+    config: &Config,
+    metrics: &Metrics,
+    controller_tx: &watch::Sender<Vec<SnapshotHandle>>,
+    stopped: F,
+) -> anyhow::Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let mut handles = Vec::with_capacity(endpoints.len());
+    let mut tasks = Vec::with_capacity(endpoints.len());
+    for Endpoint { name, client } in endpoints {
+        let span = info_span!("cluster", cluster = %name);
+        let config = Config {
+            cluster: name,
+            ..config.clone()
+        };
+        let (controller, handle) = Controller::new(client, config, metrics.clone());
+        handles.push(handle);
+        let run: BoxFuture<'static, _> = controller.run(stopped()).instrument(span).boxed();
+        tasks.push(tokio::spawn(run));
+    }
+    controller_tx.send_replace(handles);
+    let (first, _, rest) = futures::future::select_all(tasks).await;
+    let outcome = match first {
+        Ok(result) => result.map_err(anyhow::Error::from),
+        Err(error) => Err(anyhow::anyhow!("a controller task failed: {error}")),
+    };
+    for task in rest {
+        if outcome.is_err() {
+            task.abort();
+        } else if let Ok(Err(error)) = task.await {
+            // Shutdown: every controller drains its writes; wait for all of them.
+            warn!(%error, "controller stopped with an error");
+        }
+    }
     outcome
 }
 
@@ -404,24 +479,32 @@ async fn shutdown_signal() {
 
 async fn usage(args: UsageArgs) -> anyhow::Result<()> {
     let UsageArgs {
-        cluster: ClusterArgs { kubeconfig, context },
+        cluster,
         namespace,
         output,
     } = args;
-    let client = lazyquota_kube::client::connect(kubeconfig.as_deref(), context.as_deref()).await?;
-    let report = report::usage(&client, namespace.as_deref(), FeatureGates::default()).await?;
+    let endpoints = cluster.endpoints().await?;
+    let mut report = Vec::new();
+    for Endpoint { name, client } in &endpoints {
+        let quotas = report::usage(client, name, namespace.as_deref(), FeatureGates::default())
+            .await
+            .with_context(|| in_cluster(&endpoints, name))?;
+        report.extend(quotas);
+    }
     if output == Output::Json {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
-    let mut rows = vec![
-        ["NAMESPACE", "QUOTA", "KEY", "HARD", "USED", "STORED", ""]
-            .map(String::from)
-            .to_vec(),
-    ];
+    // The cluster column only when there is more than one.
+    let many = endpoints.len() > 1;
+    let mut header = vec!["NAMESPACE", "QUOTA", "KEY", "HARD", "USED", "STORED", ""];
+    if many {
+        header.insert(0, "CLUSTER");
+    }
+    let mut rows = vec![header.into_iter().map(String::from).collect::<Vec<_>>()];
     for quota in &report {
         for key in &quota.keys {
-            rows.push(vec![
+            let mut row = vec![
                 quota.namespace.clone(),
                 quota.name.clone(),
                 key.key.clone(),
@@ -433,25 +516,55 @@ async fn usage(args: UsageArgs) -> anyhow::Result<()> {
                 } else {
                     String::new()
                 },
-            ]);
+            ];
+            if many {
+                row.insert(0, quota.cluster.clone());
+            }
+            rows.push(row);
         }
     }
     print_table(&rows);
     Ok(())
 }
 
+/// The context of an error in one of several clusters (none when there is one).
+fn in_cluster(endpoints: &[Endpoint], name: &ClusterName) -> String {
+    if endpoints.len() > 1 {
+        format!("cluster {name}")
+    } else {
+        String::new()
+    }
+}
+
 async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     let ExplainArgs {
-        cluster: ClusterArgs { kubeconfig, context },
+        cluster,
         namespace_watch_threshold,
         output,
     } = args;
-    let client = lazyquota_kube::client::connect(kubeconfig.as_deref(), context.as_deref()).await?;
-    let report = report::explain(&client, namespace_watch_threshold, FeatureGates::default()).await?;
+    let endpoints = cluster.endpoints().await?;
+    let mut reports = Vec::with_capacity(endpoints.len());
+    for Endpoint { name, client } in &endpoints {
+        let report = report::explain(client, name, namespace_watch_threshold, FeatureGates::default())
+            .await
+            .with_context(|| in_cluster(&endpoints, name))?;
+        reports.push(report);
+    }
     if output == Output::Json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        // One report per cluster, always a list.
+        println!("{}", serde_json::to_string_pretty(&reports)?);
         return Ok(());
     }
+    for (i, report) in reports.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        print_explain(report);
+    }
+    Ok(())
+}
+
+fn print_explain(report: &report::Explain) {
     println!(
         "cluster {}: {} resource type(s) demanded",
         report.cluster,
@@ -493,7 +606,6 @@ async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     for key in &report.never_computed {
         println!("never computed (no evaluator; stays as stored): {key}");
     }
-    Ok(())
 }
 
 fn print_table(rows: &[Vec<String>]) {

@@ -3,15 +3,19 @@
 //! One accept task plus one task per open connection (axum on hyper, HTTP/1.1 only).
 
 use axum::{Router, extract::State, http::StatusCode, routing::get};
-use lazyquota_kube::{controller::SnapshotHandle, metrics::Metrics};
+use lazyquota_kube::{
+    controller::{Snapshot, SnapshotHandle},
+    metrics::Metrics,
+};
 use prometheus::IntGauge;
 use tokio::sync::watch;
 
 /// What the handlers read.
 #[derive(Clone)]
 pub struct Admin {
-    /// The controller to snapshot, once it runs (a standby has none).
-    pub controller: watch::Receiver<Option<SnapshotHandle>>,
+    /// The controllers to snapshot, one per served cluster, once they run (a standby has
+    /// none).
+    pub controllers: watch::Receiver<Vec<SnapshotHandle>>,
     /// The metrics.
     pub metrics: Metrics,
     /// Whether a standby is ready: it can reach the apiserver and the Lease.
@@ -33,7 +37,7 @@ impl Admin {
     /// Registers the process-level gauges (read at scrape time) next to `metrics`.
     pub fn new(
         metrics: Metrics,
-        controller: watch::Receiver<Option<SnapshotHandle>>,
+        controllers: watch::Receiver<Vec<SnapshotHandle>>,
         standby_ready: watch::Receiver<bool>,
     ) -> Self {
         use lazyquota_kube::metrics::gauge;
@@ -72,7 +76,7 @@ impl Admin {
             ],
         };
         Self {
-            controller,
+            controllers,
             metrics,
             standby_ready,
             process,
@@ -122,30 +126,58 @@ impl Admin {
     }
 }
 
+/// Every controller's snapshot; `None` if one has stopped.
+async fn snapshots(admin: &Admin) -> Option<Vec<Snapshot>> {
+    let handles = admin.controllers.borrow().clone();
+    let mut all = Vec::with_capacity(handles.len());
+    for handle in handles {
+        all.push(handle.get().await?);
+    }
+    Some(all)
+}
+
 async fn metrics(State(admin): State<Admin>) -> String {
-    let handle = admin.controller.borrow().clone();
-    if let Some(handle) = handle
-        && let Some(snapshot) = handle.get().await
+    if let Some(all) = snapshots(&admin).await
+        && !all.is_empty()
     {
-        admin.metrics.observe(&snapshot);
+        admin.metrics.observe_clusters(&all);
     }
     admin.observe_process();
     admin.metrics.encode()
 }
 
-async fn readyz(State(admin): State<Admin>) -> (StatusCode, &'static str) {
-    let handle = admin.controller.borrow().clone();
-    match handle {
-        Some(handle) => match handle.get().await {
-            Some(s) if s.quotas_synced => (StatusCode::OK, "ok: leading, quotas listed\n"),
-            Some(_) => (StatusCode::SERVICE_UNAVAILABLE, "not ready: listing quotas\n"),
-            None => (StatusCode::SERVICE_UNAVAILABLE, "not ready: controller stopped\n"),
-        },
-        None if *admin.standby_ready.borrow() => (StatusCode::OK, "ok: standby\n"),
+async fn readyz(State(admin): State<Admin>) -> (StatusCode, String) {
+    let leading = !admin.controllers.borrow().is_empty();
+    if !leading {
+        return if *admin.standby_ready.borrow() {
+            (StatusCode::OK, "ok: standby\n".into())
+        } else {
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not ready: waiting for the lease\n".into(),
+            )
+        };
+    }
+    match snapshots(&admin).await {
         None => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: waiting for the lease\n",
+            "not ready: controller stopped\n".into(),
         ),
+        Some(all) => {
+            let listing: Vec<&str> = all
+                .iter()
+                .filter(|s| !s.quotas_synced)
+                .map(|s| s.cluster.as_str())
+                .collect();
+            if listing.is_empty() {
+                (StatusCode::OK, "ok: leading, quotas listed\n".into())
+            } else {
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("not ready: listing quotas in cluster(s) {}\n", listing.join(", ")),
+                )
+            }
+        }
     }
 }
 

@@ -95,6 +95,10 @@ async fn usage_and_explain_report_a_quota_from_direct_lists() {
     let out = lazyquota(&["explain", "--kubeconfig", &kubeconfig, "-o", "json"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let explain: serde_json::Value = serde_json::from_slice(&out.stdout).expect("explain -o json is JSON");
+    let clusters = explain.as_array().expect("one report per cluster");
+    assert_eq!(clusters.len(), 1, "one cluster without cluster flags");
+    let explain = &clusters[0];
+    assert_eq!(explain["cluster"], "default");
     let resources = explain["resources"].as_array().expect("resources");
     let pending = resources
         .iter()
@@ -175,4 +179,28 @@ fn bad_input_gives_one_clear_error_line_and_a_non_zero_exit() {
         "nope",
     ]);
     assert_one_line_error(&context, "context \"nope\"");
+
+    // Several clusters: a malformed flag, two clusters with one name, one missing file.
+    let malformed = lazyquota(&["usage", "--cluster-kubeconfig", "=x"]);
+    assert_one_line_error(&malformed, "expected FILE or NAME=FILE");
+    let unreachable = unreachable.to_str().unwrap();
+    let twice = lazyquota(&[
+        "usage",
+        "--cluster-kubeconfig",
+        &format!("a={unreachable}"),
+        "--cluster-kubeconfig",
+        &format!("a={unreachable}x"),
+    ]);
+    assert_one_line_error(&twice, "two clusters are both named \"a\"");
+    let gone = lazyquota(&[
+        "usage",
+        "--cluster-kubeconfig",
+        &format!("a={unreachable}"),
+        "--cluster-kubeconfig",
+        "b=/nonexistent/kubeconfig",
+    ]);
+    assert_one_line_error(
+        &gone,
+        "cluster \"b\": cannot read kubeconfig /nonexistent/kubeconfig",
+    );
 }

@@ -10,19 +10,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{controller, create_configmap, quota, test_config, used_becomes};
+use common::{controller, converged, create_configmap, quota, test_config, used_becomes};
 use k8s_openapi::api::core::v1::{ConfigMap, ResourceQuota, Secret};
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
-use lazyquota_quota::FeatureGates;
 use lazyquota_testenv::{ControlPlane, Flavor, TestNamespace, eventually};
-
-/// Every quota of the namespace agrees, key by key, with a direct recomputation.
-async fn converged(ns: &TestNamespace) -> Option<()> {
-    let report = lazyquota_kube::report::usage(&ns.client(), Some(ns.name()), FeatureGates::default())
-        .await
-        .ok()?;
-    (!report.is_empty() && report.iter().all(|q| q.keys.iter().all(|k| !k.differs))).then_some(())
-}
 
 async fn secret(ns: &TestNamespace, name: &str) {
     let s = Secret {

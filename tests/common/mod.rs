@@ -5,6 +5,8 @@
 //! binary can choose its own mode against the shared control plane.
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod process;
+
 use std::{sync::OnceLock, time::Duration};
 
 use k8s_openapi::{
@@ -303,4 +305,18 @@ fn meta(name: &str) -> ObjectMeta {
         name: Some(name.into()),
         ..ObjectMeta::default()
     }
+}
+
+/// Every quota of the namespace agrees, key by key, with a direct recomputation
+/// (`lazyquota usage`), and there is at least one quota.
+pub async fn converged(ns: &lazyquota_testenv::TestNamespace) -> Option<()> {
+    let report = lazyquota_kube::report::usage(
+        &ns.client(),
+        &lazyquota_index::keys::ClusterName::new("default"),
+        Some(ns.name()),
+        lazyquota_quota::FeatureGates::default(),
+    )
+    .await
+    .ok()?;
+    (!report.is_empty() && report.iter().all(|q| q.keys.iter().all(|k| !k.differs))).then_some(())
 }

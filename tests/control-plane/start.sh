@@ -15,6 +15,9 @@
 #   LAZYQUOTA_CP_TIMEOUT=60      seconds to wait for each component to become ready
 #   LAZYQUOTA_APISERVER_ARGS     extra kube-apiserver flags (space separated)
 #   LAZYQUOTA_KCM_ARGS           extra kube-controller-manager flags (space separated)
+#   LAZYQUOTA_EXTRA_APISERVERS=N more kube-apiservers on the same etcd, each its own cluster
+#                                (its own --etcd-prefix); clusters.kubeconfig then has contexts
+#                                cluster-0 (the first apiserver) .. cluster-N (default: 0)
 #
 # A control plane already running from the same directory is stopped first.
 set -euo pipefail
@@ -25,6 +28,7 @@ dir=${LAZYQUOTA_CP_DIR:-$repo/.lazyquota/control-plane}
 timeout=${LAZYQUOTA_CP_TIMEOUT:-60}
 kcm_quota=${LAZYQUOTA_KCM_QUOTA:-on}
 kcm=${LAZYQUOTA_KCM:-on}
+extra_apiservers=${LAZYQUOTA_EXTRA_APISERVERS:-0}
 
 say() { printf 'control-plane: %s\n' "$*" >&2; }
 
@@ -174,6 +178,59 @@ start_bg kube-apiserver "$bin/kube-apiserver" \
 wait_ready kube-apiserver "https://127.0.0.1:$apiserver_port/readyz" \
   --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key"
 
+# More clusters on the same etcd: a kube-apiserver each, with its own key prefix, so the
+# clusters share nothing but etcd's resourceVersion sequence (as kcp's logical clusters on one
+# shard do). They run no controller manager: their tests use kinds that need none.
+clusters_kubeconfig=""
+if (( extra_apiservers > 0 )); then
+  clusters_kubeconfig=$dir/clusters.kubeconfig
+  {
+    echo "apiVersion: v1"
+    echo "kind: Config"
+    echo "clusters:"
+    echo "- name: cluster-0"
+    echo "  cluster: {server: 'https://127.0.0.1:$apiserver_port', certificate-authority: '$pki/ca.crt'}"
+  } > "$clusters_kubeconfig.clusters"
+  contexts="- name: cluster-0
+  context: {cluster: cluster-0, user: admin}"
+  for i in $(seq 1 "$extra_apiservers"); do
+    port=$(free_port)
+    # shellcheck disable=SC2086
+    start_bg "kube-apiserver-$i" "$bin/kube-apiserver" \
+      --etcd-servers "http://127.0.0.1:$etcd_port" \
+      --etcd-prefix "/registry-cluster-$i" \
+      --bind-address 127.0.0.1 \
+      --advertise-address 127.0.0.1 \
+      --secure-port "$port" \
+      --tls-cert-file "$pki/apiserver.crt" \
+      --tls-private-key-file "$pki/apiserver.key" \
+      --client-ca-file "$pki/ca.crt" \
+      --authorization-mode RBAC \
+      --service-account-issuer https://kubernetes.default.svc.cluster.local \
+      --service-account-key-file "$pki/sa.pub" \
+      --service-account-signing-key-file "$pki/sa.key" \
+      --service-cluster-ip-range 10.96.0.0/16 \
+      ${LAZYQUOTA_APISERVER_ARGS:-}
+    wait_ready "kube-apiserver-$i" "https://127.0.0.1:$port/readyz" \
+      --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key"
+    echo "- name: cluster-$i" >> "$clusters_kubeconfig.clusters"
+    echo "  cluster: {server: 'https://127.0.0.1:$port', certificate-authority: '$pki/ca.crt'}" >> "$clusters_kubeconfig.clusters"
+    contexts+="
+- name: cluster-$i
+  context: {cluster: cluster-$i, user: admin}"
+  done
+  {
+    cat "$clusters_kubeconfig.clusters"
+    echo "users:"
+    echo "- name: admin"
+    echo "  user: {client-certificate: '$pki/admin.crt', client-key: '$pki/admin.key'}"
+    echo "contexts:"
+    echo "$contexts"
+    echo "current-context: cluster-0"
+  } > "$clusters_kubeconfig"
+  rm -f "$clusters_kubeconfig.clusters"
+fi
+
 kcm_pid=""
 if [[ $kcm == on ]]; then
   # Only the controllers the tests need to behave like a real cluster: service accounts and
@@ -209,6 +266,7 @@ LAZYQUOTA_CP_DIR=$dir
 LAZYQUOTA_CP_BIN=$bin
 LAZYQUOTA_APISERVER_URL=https://127.0.0.1:$apiserver_port
 LAZYQUOTA_ETCD_URL=http://127.0.0.1:$etcd_port
+LAZYQUOTA_CLUSTERS_KUBECONFIG=$clusters_kubeconfig
 LAZYQUOTA_KCM_URL=${kcm_pid:+https://127.0.0.1:$kcm_port}
 LAZYQUOTA_KCM_QUOTA=$([[ $kcm == on ]] && echo "$kcm_quota" || echo off)
 LAZYQUOTA_CA_FILE=$pki/ca.crt

@@ -11,7 +11,11 @@ grace=${LAZYQUOTA_STOP_GRACE:-10}
 
 [[ -d $dir ]] || exit 0
 stopped=0
-for name in kube-controller-manager kube-apiserver etcd; do
+extra=()
+for pidfile in "$dir"/kube-apiserver-*.pid; do
+  [[ -f $pidfile ]] && extra+=("$(basename "$pidfile" .pid)")
+done
+for name in kube-controller-manager "${extra[@]}" kube-apiserver etcd; do
   pidfile=$dir/$name.pid
   [[ -f $pidfile ]] || continue
   pid=$(cat "$pidfile")

@@ -164,6 +164,8 @@ struct Running {
 /// What the controller reports to metrics, readiness, `explain` and tests.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
+    /// The cluster this controller serves (empty in a [`Snapshot::merged`] one).
+    pub cluster: String,
     /// The ResourceQuota watch has completed its first list.
     pub quotas_synced: bool,
     /// Quotas known.
@@ -180,6 +182,38 @@ pub struct Snapshot {
     pub shadow_verdicts: BTreeMap<String, bool>,
     /// Whether streaming lists are used.
     pub streaming_lists: bool,
+}
+
+impl Snapshot {
+    /// Several clusters' snapshots as one: counts summed, sets united (their keys already
+    /// name the cluster), synced only if every cluster is.
+    pub fn merged(parts: &[Snapshot]) -> Snapshot {
+        let mut all = Snapshot {
+            quotas_synced: !parts.is_empty(),
+            ..Snapshot::default()
+        };
+        let mut pending: BTreeMap<String, usize> = BTreeMap::new();
+        for part in parts {
+            all.quotas_synced &= part.quotas_synced;
+            all.quotas += part.quotas;
+            all.watches.extend(part.watches.iter().cloned());
+            for (resource, (objects, bytes)) in &part.held {
+                let entry = all.held.entry(resource.clone()).or_default();
+                entry.0 += objects;
+                entry.1 += bytes;
+            }
+            for (resource, quotas) in &part.pending {
+                *pending.entry(resource.clone()).or_default() += quotas;
+            }
+            all.disagreements
+                .extend(part.disagreements.iter().map(|(k, v)| (k.clone(), v.clone())));
+            all.shadow_verdicts
+                .extend(part.shadow_verdicts.iter().map(|(k, v)| (k.clone(), *v)));
+            all.streaming_lists |= part.streaming_lists;
+        }
+        all.pending = pending.into_iter().collect();
+        all
+    }
 }
 
 /// One open watch, for metrics and `explain`.
@@ -281,6 +315,7 @@ impl Controller {
             self.options.streaming_lists = crate::watch::probe_streaming_lists(&self.client).await;
         }
         self.stats.streaming_lists = self.options.streaming_lists;
+        self.stats.cluster = self.config.cluster.to_string();
         info!(streaming_lists = self.options.streaming_lists, mode = ?self.config.mode, shadow = self.config.shadow, "controller starting");
 
         let mut quota_events = watcher(

@@ -7,6 +7,7 @@ pub mod discovery;
 pub mod lease;
 pub mod metrics;
 pub mod report;
+pub mod source;
 pub mod watch;
 
 /// The wall clock as the quota crate takes time (it has no clock of its own).

@@ -33,6 +33,8 @@ pub struct Metrics {
     disagreements: IntGaugeVec,
     quotas: IntGauge,
     ready: IntGauge,
+    cluster_quotas: IntGaugeVec,
+    cluster_ready: IntGaugeVec,
     /// 1 while this process leads (or leader election is off), else 0.
     pub leader: IntGauge,
 }
@@ -163,13 +165,25 @@ impl Metrics {
                 &r,
                 "lazyquota_shadow_disagreements",
                 "Shadow mode: 1 for each quota key whose stored status.used differs from lazyquota's.",
-                &["namespace", "quota", "key"],
+                &["cluster", "namespace", "quota", "key"],
             ),
             quotas: gauge(&r, "lazyquota_quotas", "ResourceQuotas known."),
             ready: gauge(
                 &r,
                 "lazyquota_ready",
-                "1 once the ResourceQuota watch has listed.",
+                "1 once the ResourceQuota watch of every served cluster has listed.",
+            ),
+            cluster_quotas: gauge_vec(
+                &r,
+                "lazyquota_cluster_quotas",
+                "ResourceQuotas known per served cluster.",
+                &["cluster"],
+            ),
+            cluster_ready: gauge_vec(
+                &r,
+                "lazyquota_cluster_ready",
+                "1 once the cluster's ResourceQuota watch has listed.",
+                &["cluster"],
             ),
             leader: gauge(
                 &r,
@@ -216,7 +230,22 @@ impl Metrics {
         self.discovery_runs.with_label_values(&[result]).inc();
     }
 
-    /// Sets the scrape-time gauges from the controller's state.
+    /// Sets the scrape-time gauges from the controllers' states, one per served cluster.
+    pub fn observe_clusters(&self, snapshots: &[Snapshot]) {
+        self.cluster_quotas.reset();
+        self.cluster_ready.reset();
+        for part in snapshots {
+            self.cluster_quotas
+                .with_label_values(&[part.cluster.as_str()])
+                .set(i64::try_from(part.quotas).unwrap_or(i64::MAX));
+            self.cluster_ready
+                .with_label_values(&[part.cluster.as_str()])
+                .set(i64::from(part.quotas_synced));
+        }
+        self.observe(&Snapshot::merged(snapshots));
+    }
+
+    /// Sets the scrape-time gauges from one (possibly merged) controller state.
     pub fn observe(&self, snapshot: &Snapshot) {
         self.quotas
             .set(i64::try_from(snapshot.quotas).unwrap_or(i64::MAX));
@@ -272,13 +301,10 @@ impl Metrics {
         self.disagreements.reset();
         for (quota, key) in snapshot.disagreements.keys() {
             // QuotaKey displays as cluster|namespace/name.
-            let (namespace, name) = quota
-                .rsplit_once('|')
-                .map_or(quota.as_str(), |(_, q)| q)
-                .split_once('/')
-                .unwrap_or(("", quota));
+            let (cluster, quota) = quota.rsplit_once('|').unwrap_or(("", quota.as_str()));
+            let (namespace, name) = quota.split_once('/').unwrap_or(("", quota));
             self.disagreements
-                .with_label_values(&[namespace, name, key.as_str()])
+                .with_label_values(&[cluster, namespace, name, key.as_str()])
                 .set(1);
         }
     }

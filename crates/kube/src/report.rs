@@ -59,6 +59,8 @@ pub struct KeyUsage {
 /// One quota in the usage report.
 #[derive(Debug, Serialize)]
 pub struct QuotaUsage {
+    /// The cluster.
+    pub cluster: String,
     /// Namespace.
     pub namespace: String,
     /// Name.
@@ -70,10 +72,11 @@ pub struct QuotaUsage {
 /// Computes every quota's `status.used` (in `namespace`, or all) from direct lists.
 pub async fn usage(
     client: &Client,
+    cluster: &ClusterName,
     namespace: Option<&str>,
     gates: FeatureGates,
 ) -> Result<Vec<QuotaUsage>, Error> {
-    let cluster = ClusterName::new("default");
+    let cluster = cluster.clone();
     let (engine, quotas) = load(client, &cluster, namespace, gates).await?;
     let now = now();
     let mut report = Vec::new();
@@ -115,6 +118,7 @@ pub async fn usage(
             })
             .collect();
         report.push(QuotaUsage {
+            cluster: cluster.to_string(),
             namespace: key.namespace.to_string(),
             name: key.name.to_string(),
             keys,
@@ -156,8 +160,13 @@ pub struct Explain {
 }
 
 /// What lazyquota (lazy mode, with `threshold`) watches for the cluster's quotas now, and why.
-pub async fn explain(client: &Client, threshold: usize, gates: FeatureGates) -> Result<Explain, Error> {
-    let cluster = ClusterName::new("default");
+pub async fn explain(
+    client: &Client,
+    cluster: &ClusterName,
+    threshold: usize,
+    gates: FeatureGates,
+) -> Result<Explain, Error> {
+    let cluster = cluster.clone();
     let discovered = discover(client).await.map_err(Error::Discovery)?;
     let served_all: BTreeMap<GroupResource, ServedResource> = discovered
         .served

@@ -5,7 +5,9 @@
 //! Two flavours exist, because two controllers must never write the same quota status:
 //! [`Flavor::KcmQuota`] runs KCM's own resourcequota controller (the upstream reference for
 //! differential tests), [`Flavor::LazyquotaOnly`] runs KCM without it, so lazyquota is the
-//! only writer. Admission (the ResourceQuota plugin) is on in both.
+//! only writer. Admission (the ResourceQuota plugin) is on in both. [`Flavor::MultiCluster`] is
+//! lazyquota-only with two more kube-apiservers on the same etcd (each its own cluster, by
+//! `--etcd-prefix`), for one lazyquota process serving several clusters.
 //!
 //! Two ways to get a control plane of a flavour:
 //! - **attach**: the flavour's environment variable (`LAZYQUOTA_CP_DIR` for lazyquota-only,
@@ -89,6 +91,9 @@ pub enum Flavor {
     KcmQuota,
     /// KCM runs without it: lazyquota is the only writer of quota status.
     LazyquotaOnly,
+    /// As [`Flavor::LazyquotaOnly`], plus two more kube-apiservers sharing etcd under their
+    /// own prefixes: three clusters, contexts `cluster-0..2` of [`ControlPlane::clusters_kubeconfig`].
+    MultiCluster,
 }
 
 impl Flavor {
@@ -96,6 +101,7 @@ impl Flavor {
         match self {
             Self::KcmQuota => "LAZYQUOTA_CP_DIR_KCM",
             Self::LazyquotaOnly => "LAZYQUOTA_CP_DIR",
+            Self::MultiCluster => "LAZYQUOTA_CP_DIR_MULTI",
         }
     }
 
@@ -103,13 +109,21 @@ impl Flavor {
         match self {
             Self::KcmQuota => "testenv-kcm-quota",
             Self::LazyquotaOnly => "testenv-lazyquota-only",
+            Self::MultiCluster => "testenv-multi-cluster",
         }
     }
 
     fn kcm_quota(self) -> &'static str {
         match self {
             Self::KcmQuota => "on",
-            Self::LazyquotaOnly => "off",
+            Self::LazyquotaOnly | Self::MultiCluster => "off",
+        }
+    }
+
+    fn extra_apiservers(self) -> &'static str {
+        match self {
+            Self::MultiCluster => "2",
+            Self::KcmQuota | Self::LazyquotaOnly => "0",
         }
     }
 }
@@ -124,6 +138,7 @@ pub struct ControlPlane {
 
 static KCM_QUOTA: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
 static LAZYQUOTA_ONLY: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+static MULTI_CLUSTER: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
 
 impl ControlPlane {
     /// The control plane of `flavor`: attached if its environment variable names one, else
@@ -138,6 +153,7 @@ impl ControlPlane {
         let cell = match flavor {
             Flavor::KcmQuota => &KCM_QUOTA,
             Flavor::LazyquotaOnly => &LAZYQUOTA_ONLY,
+            Flavor::MultiCluster => &MULTI_CLUSTER,
         };
         match cell.get_or_init(|| Self::attach_or_start(flavor).map_err(|e| e.to_string())) {
             Ok(cp) => cp,
@@ -178,6 +194,36 @@ impl ControlPlane {
         let config = self.config().await?;
         Client::try_from(config).map_err(|source| Error::Kube {
             what: "building the admin client".into(),
+            source,
+        })
+    }
+
+    /// The kubeconfig with one context per cluster (`cluster-0`, `cluster-1`, ...) of a
+    /// [`Flavor::MultiCluster`] control plane.
+    pub fn clusters_kubeconfig(&self) -> Result<PathBuf, Error> {
+        self.fact("LAZYQUOTA_CLUSTERS_KUBECONFIG")
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+            .ok_or(Error::Missing("LAZYQUOTA_CLUSTERS_KUBECONFIG"))
+    }
+
+    /// An admin client for one cluster (`cluster-N`) of a [`Flavor::MultiCluster`] control
+    /// plane.
+    pub async fn cluster_client(&self, context: &str) -> Result<Client, Error> {
+        let path = self.clusters_kubeconfig()?;
+        let kubeconfig = Kubeconfig::read_from(&path).map_err(|source| Error::Kubeconfig {
+            path: path.clone(),
+            source,
+        })?;
+        let options = KubeConfigOptions {
+            context: Some(context.to_owned()),
+            ..KubeConfigOptions::default()
+        };
+        let config = Config::from_custom_kubeconfig(kubeconfig, &options)
+            .await
+            .map_err(|source| Error::Kubeconfig { path, source })?;
+        Client::try_from(config).map_err(|source| Error::Kube {
+            what: format!("building the client of {context}"),
             source,
         })
     }
@@ -365,6 +411,7 @@ fn start_shared(flavor: Flavor) -> Result<ControlPlane, Error> {
         .arg(&script)
         .env("LAZYQUOTA_CP_DIR", &dir)
         .env("LAZYQUOTA_KCM_QUOTA", flavor.kcm_quota())
+        .env("LAZYQUOTA_EXTRA_APISERVERS", flavor.extra_apiservers())
         .output()
         .map_err(|e| Error::Start {
             script: script.clone(),
