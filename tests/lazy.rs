@@ -390,3 +390,234 @@ async fn a_crd_with_a_broken_conversion_webhook_withholds_only_its_key() {
     delete_crd(&client, &group, "brokens").await;
     ns.delete().await.expect("delete namespace");
 }
+
+/// A quota edited from `count/<x>` to `count/<y>`: the watch moves from x to y, and status.used
+/// holds y's count and no longer x's.
+#[tokio::test]
+async fn a_quota_edited_from_one_type_to_another_moves_the_watch() {
+    let snapshots = controller(Flavor::LazyquotaOnly, test_config());
+    let cp = ControlPlane::get(Flavor::LazyquotaOnly);
+    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "edit")
+        .await
+        .expect("namespace");
+    let client = ns.client();
+    let group = format!("{}.lazyquota.test", unique_name("g"));
+    let xs = create_crd(&client, &group, "xs").await;
+    let ys = create_crd(&client, &group, "ys").await;
+    for name in ["x1", "x2"] {
+        create_object(&client, &xs, ns.name(), name).await.expect("x");
+    }
+    for name in ["y1", "y2", "y3"] {
+        create_object(&client, &ys, ns.name(), name).await.expect("y");
+    }
+    let (x, y) = (format!("count/xs.{group}"), format!("count/ys.{group}"));
+    let quotas = ns.api::<ResourceQuota>();
+    quotas
+        .create(&PostParams::default(), &quota("q", &[(&x, "10")]))
+        .await
+        .expect("quota");
+    used_becomes(&quotas, "q", &x, "2").await.expect("x counted");
+    let group_ref = group.as_str();
+    let watching = |xw: u64, yw: u64| async move {
+        eventually(WAIT, || async {
+            (apiserver_watches(cp, group_ref, "xs").await == xw
+                && apiserver_watches(cp, group_ref, "ys").await == yw)
+                .then_some(())
+        })
+        .await
+    };
+    assert!(watching(1, 0).await.is_some(), "x watched, y not");
+
+    let mut edited = quotas.get("q").await.expect("quota");
+    edited.spec = quota("q", &[(&y, "10")]).spec;
+    quotas
+        .replace("q", &PostParams::default(), &edited)
+        .await
+        .expect("edit quota");
+    used_becomes(&quotas, "q", &y, "3").await.expect("y counted");
+    let used = quotas
+        .get("q")
+        .await
+        .expect("quota")
+        .status
+        .and_then(|s| s.used)
+        .unwrap_or_default();
+    assert!(
+        !used.contains_key(&x),
+        "x's key is gone from status.used: {used:?}"
+    );
+    assert!(watching(0, 1).await.is_some(), "the watch moved from x to y");
+    assert!(!has_watch(&snapshots, &x).await, "lazyquota no longer watches x");
+    delete_crd(&client, &group, "xs").await;
+    delete_crd(&client, &group, "ys").await;
+    ns.delete().await.expect("delete namespace");
+}
+
+/// A namespace deleted with its quotas in it: its watches stop once the namespace controller
+/// has removed the quotas; a quota in another namespace on the same type keeps working.
+#[tokio::test]
+async fn a_namespace_deleted_with_quotas_releases_its_watches() {
+    let snapshots = controller(Flavor::LazyquotaOnly, test_config());
+    let cp = ControlPlane::get(Flavor::LazyquotaOnly);
+    let doomed = TestNamespace::create(Flavor::LazyquotaOnly, "doomed")
+        .await
+        .expect("namespace");
+    let kept = TestNamespace::create(Flavor::LazyquotaOnly, "kept")
+        .await
+        .expect("namespace");
+    let client = doomed.client();
+    let group = format!("{}.lazyquota.test", unique_name("g"));
+    let only = create_crd(&client, &group, "onlys").await;
+    let shared = create_crd(&client, &group, "shareds").await;
+    for name in ["a", "b"] {
+        create_object(&client, &only, doomed.name(), name)
+            .await
+            .expect("object");
+        create_object(&client, &shared, doomed.name(), name)
+            .await
+            .expect("object");
+    }
+    create_object(&client, &shared, kept.name(), "a")
+        .await
+        .expect("object");
+    let (only_key, shared_key) = (format!("count/onlys.{group}"), format!("count/shareds.{group}"));
+    let doomed_quotas = doomed.api::<ResourceQuota>();
+    doomed_quotas
+        .create(
+            &PostParams::default(),
+            &quota("q", &[(&only_key, "10"), (&shared_key, "10")]),
+        )
+        .await
+        .expect("quota");
+    let kept_quotas = kept.api::<ResourceQuota>();
+    kept_quotas
+        .create(&PostParams::default(), &quota("q", &[(&shared_key, "10")]))
+        .await
+        .expect("quota");
+    used_becomes(&doomed_quotas, "q", &only_key, "2")
+        .await
+        .expect("counted");
+    used_becomes(&kept_quotas, "q", &shared_key, "1")
+        .await
+        .expect("counted");
+    assert_eq!(apiserver_watches(cp, &group, "onlys").await, 1);
+
+    let kept_name = kept.name().to_owned();
+    doomed.delete().await.expect("delete namespace");
+    let released = eventually(Duration::from_secs(60), || async {
+        (apiserver_watches(cp, &group, "onlys").await == 0 && !has_watch(&snapshots, &only_key).await)
+            .then_some(())
+    })
+    .await;
+    assert!(released.is_some(), "the deleted namespace's watch is released");
+    create_object(&kept.client(), &shared, &kept_name, "b")
+        .await
+        .expect("object");
+    used_becomes(&kept_quotas, "q", &shared_key, "2")
+        .await
+        .expect("the other namespace's quota keeps working");
+    assert!(has_synced_watch(&snapshots, &shared_key).await);
+    delete_crd(&client, &group, "onlys").await;
+    delete_crd(&client, &group, "shareds").await;
+    kept.delete().await.expect("delete namespace");
+}
+
+/// An APIService whose backend does not exist: aggregated discovery lists its group as
+/// `Stale`. The key counting its resource keeps its previous value, the quota gets an Event
+/// and the group is reported; the quota's other keys stay current.
+#[tokio::test]
+async fn an_unavailable_apiservice_holds_only_its_keys() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Service};
+    use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+    let snapshots = controller(Flavor::LazyquotaOnly, test_config());
+    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "apiservice")
+        .await
+        .expect("namespace");
+    let client = ns.client();
+    let group = format!("{}.lazyquota.test", unique_name("ghost"));
+    let service: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "ghost"},
+        "spec": {"ports": [{"port": 443, "protocol": "TCP"}]}
+    }))
+    .expect("service");
+    ns.api::<Service>()
+        .create(&PostParams::default(), &service)
+        .await
+        .expect("service without endpoints");
+    let apiservice: APIService = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("v1alpha1.{group}")},
+        "spec": {"group": group, "version": "v1alpha1", "groupPriorityMinimum": 1000,
+                 "versionPriority": 15, "insecureSkipTLSVerify": true,
+                 "service": {"namespace": ns.name(), "name": "ghost", "port": 443}}
+    }))
+    .expect("apiservice");
+    let apiservices = kube::Api::<APIService>::all(client.clone());
+    apiservices
+        .create(&PostParams::default(), &apiservice)
+        .await
+        .expect("create APIService");
+
+    let key = format!("count/widgets.{group}");
+    let quotas = ns.api::<ResourceQuota>();
+    quotas
+        .create(
+            &PostParams::default(),
+            &quota("q", &[(&key, "5"), ("count/configmaps", "10")]),
+        )
+        .await
+        .expect("quota");
+    used_becomes(&quotas, "q", "count/configmaps", "1")
+        .await
+        .expect("configmaps counted");
+    // A value stored earlier (say, while the APIService answered) must be kept, not zeroed.
+    let mut stored = quotas.get_status("q").await.expect("quota");
+    let mut used = stored.status.clone().and_then(|s| s.used).unwrap_or_default();
+    used.insert(
+        key.clone(),
+        k8s_openapi::apimachinery::pkg::api::resource::Quantity("4".into()),
+    );
+    stored.status.get_or_insert_with(Default::default).used = Some(used);
+    quotas
+        .replace_status("q", &PostParams::default(), &stored)
+        .await
+        .expect("store a previous value");
+
+    let events = ns.api::<k8s_openapi::api::events::v1::Event>();
+    let event = eventually(Duration::from_secs(60), || async {
+        let list = events.list(&kube::api::ListParams::default()).await.ok()?;
+        list.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("ResourceUnavailable")
+                && e.note.as_deref().is_some_and(|n| n.contains(group.as_str()))
+        })
+    })
+    .await;
+    assert!(event.is_some(), "an Event names the unavailable group");
+    let reported = snapshots.get().await.expect("controller").unavailable_groups;
+    assert!(reported.contains(&group), "the group is reported: {reported:?}");
+
+    common::create_configmap(&ns, "more").await;
+    used_becomes(&quotas, "q", "count/configmaps", "2")
+        .await
+        .expect("configmaps stay current");
+    let used = quotas
+        .get("q")
+        .await
+        .expect("quota")
+        .status
+        .and_then(|s| s.used)
+        .unwrap_or_default();
+    assert_eq!(
+        used.get(&key).map(|q| q.0.as_str()),
+        Some("4"),
+        "the unavailable key keeps its value"
+    );
+    ns.api::<ConfigMap>()
+        .delete("more", &DeleteParams::default())
+        .await
+        .expect("delete configmap");
+    apiservices
+        .delete(&format!("v1alpha1.{group}"), &DeleteParams::default())
+        .await
+        .expect("delete APIService");
+    ns.delete().await.expect("delete namespace");
+}

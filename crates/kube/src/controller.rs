@@ -182,6 +182,8 @@ pub struct Snapshot {
     pub shadow_verdicts: BTreeMap<String, bool>,
     /// Whether streaming lists are used.
     pub streaming_lists: bool,
+    /// API groups whose discovery failed last time (their resources' keys keep their values).
+    pub unavailable_groups: Vec<String>,
 }
 
 impl Snapshot {
@@ -210,7 +212,11 @@ impl Snapshot {
             all.shadow_verdicts
                 .extend(part.shadow_verdicts.iter().map(|(k, v)| (k.clone(), *v)));
             all.streaming_lists |= part.streaming_lists;
+            all.unavailable_groups
+                .extend(part.unavailable_groups.iter().cloned());
         }
+        all.unavailable_groups.sort();
+        all.unavailable_groups.dedup();
         all.pending = pending.into_iter().collect();
         all
     }
@@ -268,6 +274,10 @@ pub struct Controller {
     /// Events being published (polled by the loop; at most [`MAX_PENDING_EVENTS`]).
     events: FuturesUnordered<BoxFuture<'static, ()>>,
     requests: mpsc::Receiver<oneshot::Sender<Snapshot>>,
+    /// API groups the last discovery found unavailable (an APIService that does not answer).
+    unavailable_groups: BTreeSet<String>,
+    /// (quota, resource) pairs already told, by an Event, that their API group is unavailable.
+    told_unavailable: BTreeSet<(QuotaKey, GroupResource)>,
 }
 
 impl Controller {
@@ -304,6 +314,8 @@ impl Controller {
             metrics,
             requests,
             config,
+            unavailable_groups: BTreeSet::new(),
+            told_unavailable: BTreeSet::new(),
         };
         (controller, SnapshotHandle(tx))
     }
@@ -462,9 +474,13 @@ impl Controller {
         for problem in &update.problems {
             self.emit(&key, EventType::Warning, "InvalidSpec", &problem.to_string());
         }
+        let demand_changed = !update.changes.is_empty();
         self.apply_demand(&update.changes);
         if update.recompute {
             self.queue.add(key, Instant::now());
+        }
+        if demand_changed && !self.unavailable_groups.is_empty() {
+            self.report_unavailable();
         }
     }
 
@@ -489,6 +505,12 @@ impl Controller {
             }
         };
         self.metrics.discovery("ok");
+        if discovered.failed_groups.is_empty() {
+            self.unavailable_groups.clear();
+        } else {
+            warn!(groups = ?discovered.failed_groups, "API groups unavailable; keys computed from them keep their previous values");
+            self.unavailable_groups = discovered.failed_groups.iter().cloned().collect();
+        }
         let changes = self
             .engine
             .discovered(&cluster, discovered.served, &discovered.failed_groups);
@@ -518,6 +540,50 @@ impl Controller {
                 self.queue.add(key, now);
             }
         }
+        self.report_unavailable();
+    }
+
+    /// Tells each quota that names a resource of an unavailable API group, once per outage,
+    /// with an Event (and, when the group is back, that it is available again).
+    fn report_unavailable(&mut self) {
+        let cluster = self.config.cluster.clone();
+        let mut now_unavailable = BTreeSet::new();
+        for (c, resource) in self.engine.index.demanded() {
+            if c == &cluster && self.unavailable_groups.contains(&resource.group) {
+                for quota in self.engine.index.computing(c, resource) {
+                    now_unavailable.insert((quota, resource.clone()));
+                }
+            }
+        }
+        let back: Vec<_> = self
+            .told_unavailable
+            .difference(&now_unavailable)
+            .cloned()
+            .collect();
+        let new: Vec<_> = now_unavailable
+            .difference(&self.told_unavailable)
+            .cloned()
+            .collect();
+        for (quota, resource) in &new {
+            let note = format!(
+                "{}: API group {:?} is unavailable (its APIService does not answer discovery); the key keeps its previous value",
+                resource.object_count_name(),
+                resource.group
+            );
+            warn!(quota = %quota, resource = %resource.object_count_name(), "API group unavailable");
+            self.emit(quota, EventType::Warning, "ResourceUnavailable", &note);
+        }
+        for (quota, resource) in &back {
+            if self.engine.index.get(quota).is_some() {
+                let note = format!(
+                    "{}: API group {:?} is available again",
+                    resource.object_count_name(),
+                    resource.group
+                );
+                self.emit(quota, EventType::Normal, "ResourceAvailable", &note);
+            }
+        }
+        self.told_unavailable = now_unavailable;
     }
 
     // ---- demand → watches ------------------------------------------------------------------
@@ -1101,6 +1167,7 @@ impl Controller {
             }
         }
         self.stats.pending = pending.into_iter().collect();
+        self.stats.unavailable_groups = self.unavailable_groups.iter().cloned().collect();
         self.stats.clone()
     }
 }

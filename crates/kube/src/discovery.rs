@@ -22,12 +22,76 @@ pub struct Discovered {
 /// The version of each resource is its group's preferred version, or, for a resource the
 /// preferred version does not serve, the first version (in the server's priority order)
 /// that does — what client-go's `ServerPreferredResources` returns and KCM uses.
+///
+/// Aggregated discovery marks a group version whose APIService does not answer as `Stale`
+/// (listed without resources): such a group is reported in `failed_groups`, so that what was
+/// known of it is kept rather than taken as gone.
 pub async fn discover(client: &Client) -> Result<Discovered, kube::Error> {
-    let discovery = match Discovery::new(client.clone()).run_aggregated().await {
-        Ok(discovery) => discovery,
+    let groups = match client.list_api_groups_aggregated().await {
+        Ok(apis) => {
+            let core = client.list_core_api_versions_aggregated().await?;
+            core.items.into_iter().chain(apis.items).collect::<Vec<_>>()
+        }
         // Servers older than 1.26 lack aggregated discovery.
-        Err(_) => Discovery::new(client.clone()).run().await?,
+        Err(_) => return discover_per_group(client).await,
     };
+    let mut found = Discovered::default();
+    for group in groups {
+        let name = group.metadata.and_then(|m| m.name).unwrap_or_default();
+        if group
+            .versions
+            .iter()
+            .any(|v| v.freshness.as_deref() == Some("Stale"))
+        {
+            found.failed_groups.push(name);
+            continue;
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        // Versions come in the server's priority order: the first is the preferred one.
+        for version in group.versions {
+            let version_name = version.version.unwrap_or_default();
+            for resource in version.resources {
+                let Some(plural) = resource.resource else { continue };
+                if plural.contains('/') || !seen.insert(plural.clone()) {
+                    continue;
+                }
+                served_push(
+                    &mut found.served,
+                    &name,
+                    &version_name,
+                    plural,
+                    resource.response_kind.and_then(|k| k.kind).unwrap_or_default(),
+                    resource.scope.as_deref() == Some("Namespaced"),
+                    resource.verbs,
+                );
+            }
+        }
+    }
+    Ok(found)
+}
+
+fn served_push(
+    served: &mut Vec<ServedResource>,
+    group: &str,
+    version: &str,
+    plural: String,
+    kind: String,
+    namespaced: bool,
+    verbs: Vec<String>,
+) {
+    served.push(ServedResource {
+        resource: GroupResource::new(group.to_owned(), plural),
+        version: version.to_owned(),
+        kind,
+        namespaced,
+        verbs,
+    });
+}
+
+/// The per-group walk (one request per group version), for servers without aggregated
+/// discovery.
+async fn discover_per_group(client: &Client) -> Result<Discovered, kube::Error> {
+    let discovery = Discovery::new(client.clone()).run().await?;
     let mut served = Vec::new();
     for group in discovery.groups() {
         let preferred = group.preferred_version_or_latest().to_owned();
@@ -39,13 +103,15 @@ pub async fn discover(client: &Client) -> Result<Discovered, kube::Error> {
                 if !seen.insert(resource.plural.clone()) {
                     continue;
                 }
-                served.push(ServedResource {
-                    resource: GroupResource::new(resource.group.clone(), resource.plural.clone()),
-                    version: resource.version.clone(),
-                    kind: resource.kind.clone(),
-                    namespaced: caps.scope == kube::discovery::Scope::Namespaced,
-                    verbs: caps.operations.clone(),
-                });
+                served_push(
+                    &mut served,
+                    &resource.group,
+                    &resource.version,
+                    resource.plural.clone(),
+                    resource.kind.clone(),
+                    caps.scope == kube::discovery::Scope::Namespaced,
+                    caps.operations.clone(),
+                );
             }
         }
     }

@@ -35,6 +35,7 @@ pub struct Metrics {
     ready: IntGauge,
     cluster_quotas: IntGaugeVec,
     cluster_ready: IntGaugeVec,
+    unavailable_groups: IntGaugeVec,
     /// 1 while this process leads (or leader election is off), else 0.
     pub leader: IntGauge,
 }
@@ -179,6 +180,12 @@ impl Metrics {
                 "ResourceQuotas known per served cluster.",
                 &["cluster"],
             ),
+            unavailable_groups: gauge_vec(
+                &r,
+                "lazyquota_unavailable_api_groups",
+                "1 for each API group whose discovery failed (an APIService that does not answer); keys computed from it keep their previous values.",
+                &["group"],
+            ),
             cluster_ready: gauge_vec(
                 &r,
                 "lazyquota_cluster_ready",
@@ -290,6 +297,12 @@ impl Metrics {
             self.held_bytes
                 .with_label_values(&[resource])
                 .set(i64::try_from(*bytes).unwrap_or(i64::MAX));
+        }
+        self.unavailable_groups.reset();
+        for group in &snapshot.unavailable_groups {
+            self.unavailable_groups
+                .with_label_values(&[group.as_str()])
+                .set(1);
         }
         self.pending.reset();
         for (resource, quotas) in &snapshot.pending {
