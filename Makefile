@@ -25,6 +25,7 @@ cp-stop:
 	bash tests/control-plane/stop.sh .lazyquota/testenv-kcm-quota
 	bash tests/control-plane/stop.sh .lazyquota/testenv-lazyquota-only
 	bash tests/control-plane/stop.sh .lazyquota/testenv-multi-cluster
+	bash tests/control-plane/stop.sh .lazyquota/testenv-compacting
 
 lint:
 	cargo fmt --all -- --check

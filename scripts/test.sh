@@ -19,6 +19,7 @@ report() {
   bash tests/control-plane/stop.sh .lazyquota/testenv-kcm-quota >/dev/null 2>&1 || true
   bash tests/control-plane/stop.sh .lazyquota/testenv-lazyquota-only >/dev/null 2>&1 || true
   bash tests/control-plane/stop.sh .lazyquota/testenv-multi-cluster >/dev/null 2>&1 || true
+  bash tests/control-plane/stop.sh .lazyquota/testenv-compacting >/dev/null 2>&1 || true
   printf '\n==> phase times\n' >&2
   for p in "${phases[@]}"; do printf '  %s\n' "$p" >&2; done
   exit $rc
@@ -29,7 +30,8 @@ trap report EXIT
 bash tests/control-plane/stop.sh .lazyquota/testenv-kcm-quota >/dev/null 2>&1 || true
 bash tests/control-plane/stop.sh .lazyquota/testenv-lazyquota-only >/dev/null 2>&1 || true
 bash tests/control-plane/stop.sh .lazyquota/testenv-multi-cluster >/dev/null 2>&1 || true
-rm -rf .lazyquota/testenv-kcm-quota .lazyquota/testenv-lazyquota-only .lazyquota/testenv-multi-cluster
+bash tests/control-plane/stop.sh .lazyquota/testenv-compacting >/dev/null 2>&1 || true
+rm -rf .lazyquota/testenv-kcm-quota .lazyquota/testenv-lazyquota-only .lazyquota/testenv-multi-cluster .lazyquota/testenv-compacting
 
 phase "format check" cargo fmt --all -- --check
 phase "control plane build" bash tests/control-plane/build.sh >/dev/null

@@ -19,6 +19,7 @@
 //!   it at the end (`make cp-stop` does too).
 
 pub mod fixtures;
+pub mod proxy;
 
 use std::{
     collections::BTreeMap,
@@ -94,6 +95,10 @@ pub enum Flavor {
     /// As [`Flavor::LazyquotaOnly`], plus two more kube-apiservers sharing etcd under their
     /// own prefixes: three clusters, contexts `cluster-0..2` of [`ControlPlane::clusters_kubeconfig`].
     MultiCluster,
+    /// As [`Flavor::LazyquotaOnly`], with the apiserver's watch cache off: every watch is served
+    /// by etcd, so a watch resumed at a compacted revision gets `410 Gone` and relists — the
+    /// harshest form of watch expiry, for compaction tests ([`ControlPlane::compact_etcd`]).
+    Compacting,
 }
 
 impl Flavor {
@@ -102,6 +107,7 @@ impl Flavor {
             Self::KcmQuota => "LAZYQUOTA_CP_DIR_KCM",
             Self::LazyquotaOnly => "LAZYQUOTA_CP_DIR",
             Self::MultiCluster => "LAZYQUOTA_CP_DIR_MULTI",
+            Self::Compacting => "LAZYQUOTA_CP_DIR_COMPACTING",
         }
     }
 
@@ -110,20 +116,28 @@ impl Flavor {
             Self::KcmQuota => "testenv-kcm-quota",
             Self::LazyquotaOnly => "testenv-lazyquota-only",
             Self::MultiCluster => "testenv-multi-cluster",
+            Self::Compacting => "testenv-compacting",
         }
     }
 
     fn kcm_quota(self) -> &'static str {
         match self {
             Self::KcmQuota => "on",
-            Self::LazyquotaOnly | Self::MultiCluster => "off",
+            Self::LazyquotaOnly | Self::MultiCluster | Self::Compacting => "off",
         }
     }
 
     fn extra_apiservers(self) -> &'static str {
         match self {
             Self::MultiCluster => "2",
-            Self::KcmQuota | Self::LazyquotaOnly => "0",
+            Self::KcmQuota | Self::LazyquotaOnly | Self::Compacting => "0",
+        }
+    }
+
+    fn apiserver_args(self) -> &'static str {
+        match self {
+            Self::Compacting => "--watch-cache=false",
+            Self::KcmQuota | Self::LazyquotaOnly | Self::MultiCluster => "",
         }
     }
 }
@@ -139,6 +153,7 @@ pub struct ControlPlane {
 static KCM_QUOTA: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
 static LAZYQUOTA_ONLY: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
 static MULTI_CLUSTER: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+static COMPACTING: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
 
 impl ControlPlane {
     /// The control plane of `flavor`: attached if its environment variable names one, else
@@ -154,6 +169,7 @@ impl ControlPlane {
             Flavor::KcmQuota => &KCM_QUOTA,
             Flavor::LazyquotaOnly => &LAZYQUOTA_ONLY,
             Flavor::MultiCluster => &MULTI_CLUSTER,
+            Flavor::Compacting => &COMPACTING,
         };
         match cell.get_or_init(|| Self::attach_or_start(flavor).map_err(|e| e.to_string())) {
             Ok(cp) => cp,
@@ -226,6 +242,34 @@ impl ControlPlane {
             what: format!("building the client of {context}"),
             source,
         })
+    }
+
+    /// Compacts etcd at its current revision (through etcd's JSON gateway): every older
+    /// revision is gone, so watches resumed from one get `410 Gone`. Returns the revision.
+    pub async fn compact_etcd(&self) -> Option<u64> {
+        let url = self.fact("LAZYQUOTA_ETCD_URL")?;
+        let post = |path: &str, body: String| {
+            tokio::process::Command::new("curl")
+                .args([
+                    "-fsS",
+                    "--max-time",
+                    "5",
+                    "-X",
+                    "POST",
+                    "-d",
+                    &body,
+                    &format!("{url}{path}"),
+                ])
+                .output()
+        };
+        // Any key: the response header carries the store's current revision.
+        let range = post("/v3/kv/range", r#"{"key":"AA=="}"#.into()).await.ok()?;
+        let reply: serde_json::Value = serde_json::from_slice(&range.stdout).ok()?;
+        let revision: u64 = reply["header"]["revision"].as_str()?.parse().ok()?;
+        let compact = post("/v3/kv/compaction", format!(r#"{{"revision":"{revision}"}}"#))
+            .await
+            .ok()?;
+        compact.status.success().then_some(revision)
     }
 
     /// The admin client configuration (for tests that build their own clients).
@@ -412,6 +456,7 @@ fn start_shared(flavor: Flavor) -> Result<ControlPlane, Error> {
         .env("LAZYQUOTA_CP_DIR", &dir)
         .env("LAZYQUOTA_KCM_QUOTA", flavor.kcm_quota())
         .env("LAZYQUOTA_EXTRA_APISERVERS", flavor.extra_apiservers())
+        .env("LAZYQUOTA_APISERVER_ARGS", flavor.apiserver_args())
         .output()
         .map_err(|e| Error::Start {
             script: script.clone(),

@@ -1,0 +1,174 @@
+//! A loopback TCP proxy that cuts connections at random, for connection-fault tests.
+//!
+//! It forwards bytes untouched (TLS passes through: the apiserver's certificate is valid for
+//! 127.0.0.1 on any port). While cutting is on, each connection lives a random 100 ms–2 s and
+//! is then closed on both sides mid-stream — a watch, a list or a status write in flight.
+//! Deterministic for a seed: connection `n`'s lifetime is derived from `(seed, n)`.
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use tokio::{
+    net::{TcpListener, TcpStream},
+    task::JoinHandle,
+};
+
+/// A running proxy; stops when dropped.
+#[derive(Debug)]
+pub struct CuttingProxy {
+    addr: SocketAddr,
+    cutting: Arc<AtomicBool>,
+    cuts: Arc<AtomicU64>,
+    accept: JoinHandle<()>,
+}
+
+impl CuttingProxy {
+    /// Listens on a free loopback port and forwards every connection to `target` (a loopback
+    /// address). Cutting starts off.
+    pub async fn start(target: SocketAddr, seed: u64) -> std::io::Result<Self> {
+        assert!(target.ip().is_loopback(), "tests only contact loopback addresses");
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let cutting = Arc::new(AtomicBool::new(false));
+        let cuts = Arc::new(AtomicU64::new(0));
+        let (c, n) = (cutting.clone(), cuts.clone());
+        let accept = tokio::spawn(async move {
+            let mut connection = 0_u64;
+            while let Ok((inbound, _)) = listener.accept().await {
+                connection += 1;
+                let lifetime = Duration::from_millis(100 + mix(seed, connection) % 1_900);
+                tokio::spawn(forward(inbound, target, lifetime, c.clone(), n.clone()));
+            }
+        });
+        Ok(Self {
+            addr,
+            cutting,
+            cuts,
+            accept,
+        })
+    }
+
+    /// Where clients connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Turns cutting on or off (connections opened meanwhile are cut once their lifetime is
+    /// over and cutting is on).
+    pub fn set_cutting(&self, on: bool) {
+        self.cutting.store(on, Ordering::SeqCst);
+    }
+
+    /// Connections cut so far.
+    pub fn cuts(&self) -> u64 {
+        self.cuts.load(Ordering::SeqCst)
+    }
+
+    /// A copy of `kubeconfig` whose server is this proxy, written to `path`.
+    pub fn kubeconfig(&self, kubeconfig: &std::path::Path, path: &std::path::Path) -> std::io::Result<()> {
+        let text = std::fs::read_to_string(kubeconfig)?;
+        let proxied: Vec<String> = text
+            .lines()
+            .map(|line| match line.split_once("server:") {
+                Some((indent, _)) => format!("{indent}server: https://{}", self.addr),
+                None => line.to_owned(),
+            })
+            .collect();
+        std::fs::write(path, proxied.join("\n") + "\n")
+    }
+}
+
+impl Drop for CuttingProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+async fn forward(
+    mut inbound: TcpStream,
+    target: SocketAddr,
+    lifetime: Duration,
+    cutting: Arc<AtomicBool>,
+    cuts: Arc<AtomicU64>,
+) {
+    let Ok(mut outbound) = TcpStream::connect(target).await else {
+        return;
+    };
+    let cut = async {
+        loop {
+            tokio::time::sleep(lifetime).await;
+            if cutting.load(Ordering::SeqCst) {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+        () = cut => {
+            cuts.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    // Dropping both streams closes them: the client sees the connection end mid-request.
+}
+
+/// splitmix64 of (seed, n): a reproducible pseudo-random number without a crate.
+fn mix(seed: u64, n: u64) -> u64 {
+    let mut z = seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    /// An echo server behind the proxy: bytes pass while cutting is off; with cutting on the
+    /// connection is closed within its lifetime (≤ 2 s) and counted.
+    #[tokio::test]
+    async fn forwards_then_cuts() {
+        let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = echo.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = echo.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0_u8; 64];
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        let proxy = CuttingProxy::start(target, 7).await.unwrap();
+        let mut client = TcpStream::connect(proxy.addr()).await.unwrap();
+        client.write_all(b"ping").await.unwrap();
+        let mut buf = [0_u8; 4];
+        client.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"ping");
+        tokio::time::sleep(Duration::from_millis(2_200)).await;
+        client.write_all(b"pong").await.unwrap();
+        client.read_exact(&mut buf).await.unwrap();
+        assert_eq!(proxy.cuts(), 0, "no cut while cutting is off");
+
+        proxy.set_cutting(true);
+        let closed = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut rest = Vec::new();
+            client.read_to_end(&mut rest).await
+        })
+        .await;
+        assert!(
+            matches!(closed, Ok(Ok(_)) | Ok(Err(_))),
+            "the connection is cut in time"
+        );
+        assert_eq!(proxy.cuts(), 1);
+    }
+}
