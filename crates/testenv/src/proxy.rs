@@ -31,6 +31,9 @@ pub struct CuttingProxy {
 impl CuttingProxy {
     /// Listens on a free loopback port and forwards every connection to `target` (a loopback
     /// address). Cutting starts off.
+    ///
+    /// # Panics
+    /// If `target` is not a loopback address: tests contact nothing else.
     pub async fn start(target: SocketAddr, seed: u64) -> std::io::Result<Self> {
         assert!(target.ip().is_loopback(), "tests only contact loopback addresses");
         let listener = TcpListener::bind("127.0.0.1:0").await?;
