@@ -168,10 +168,7 @@ mod tests {
             client.read_to_end(&mut rest).await
         })
         .await;
-        assert!(
-            matches!(closed, Ok(Ok(_)) | Ok(Err(_))),
-            "the connection is cut in time"
-        );
+        assert!(closed.is_ok(), "the connection is cut in time");
         assert_eq!(proxy.cuts(), 1);
     }
 }
