@@ -122,10 +122,8 @@ async fn cuts_and_compaction_under_racing_churn_lose_nothing() {
                     alive.fetch_add(1, Ordering::SeqCst);
                 }
                 // Deleted right after its create: the two events race in every watch.
-                if i % 7 < 3 {
-                    if delete(&client, &races, &ns, &name).await {
-                        alive.fetch_sub(1, Ordering::SeqCst);
-                    }
+                if i % 7 < 3 && delete(&client, &races, &ns, &name).await {
+                    alive.fetch_sub(1, Ordering::SeqCst);
                 }
             }
         }));
