@@ -38,6 +38,7 @@ phase "control plane build" bash tests/control-plane/build.sh >/dev/null
 phase "helm build" bash tests/helm/build.sh >/dev/null
 phase "helm lint/template" bash tests/helm/check.sh
 phase "clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
+phase "cargo-deny" bash scripts/deny.sh
 phase "build tests" cargo test --workspace --locked --no-run
 phase "tests" cargo test --workspace --locked
 # Bounded versions of the benchmarks (the full ones are documented in README.md): they must
