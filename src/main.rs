@@ -145,6 +145,17 @@ struct RunArgs {
     /// Where to serve /metrics, /healthz and /readyz.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9090")]
     metrics_addr: SocketAddr,
+    /// Who may read /metrics: anyone who reaches it (none), or a bearer token checked with
+    /// TokenReview and SubjectAccessReview (get on the path /metrics), as KCM's secure port;
+    /// delegated serves HTTPS. /healthz and /readyz stay open.
+    #[arg(long, value_enum, default_value_t = MetricsAuth::None)]
+    metrics_auth: MetricsAuth,
+    /// PEM certificate for HTTPS on --metrics-addr (default with delegated auth: self-signed).
+    #[arg(long, value_name = "FILE", requires = "metrics_tls_key_file")]
+    metrics_tls_cert_file: Option<PathBuf>,
+    /// PEM private key of --metrics-tls-cert-file.
+    #[arg(long, value_name = "FILE", requires = "metrics_tls_cert_file")]
+    metrics_tls_key_file: Option<PathBuf>,
     #[command(flatten)]
     leader: LeaderArgs,
     /// Log format.
@@ -183,6 +194,12 @@ struct LeaderArgs {
 enum ModeArg {
     Lazy,
     Eager,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum MetricsAuth {
+    None,
+    Delegated,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -291,6 +308,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         streaming_lists,
         transport,
         metrics_addr,
+        metrics_auth,
+        metrics_tls_cert_file,
+        metrics_tls_key_file,
         leader,
         log_format,
     } = args;
@@ -355,11 +375,25 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let metrics = Metrics::new();
     let (controller_tx, controller_rx) = watch::channel(Vec::new());
     let (standby_tx, standby_rx) = watch::channel(!leader.leader_elect);
-    let admin = server::Admin::new(metrics.clone(), controller_rx, standby_rx);
+    let mut admin = server::Admin::new(metrics.clone(), controller_rx, standby_rx);
+    let tls_files = metrics_tls_cert_file
+        .as_deref()
+        .zip(metrics_tls_key_file.as_deref());
+    let tls = if metrics_auth == MetricsAuth::Delegated || tls_files.is_some() {
+        Some(server::tls_config(tls_files)?)
+    } else {
+        None
+    };
+    if metrics_auth == MetricsAuth::Delegated {
+        // Reviews go to the first cluster named: the one lazyquota runs in.
+        admin.auth = Some(std::sync::Arc::new(
+            lazyquota_kube::delegated::DelegatedAuth::new(endpoints[0].client.clone()),
+        ));
+    }
     let listener = tokio::net::TcpListener::bind(metrics_addr)
         .await
         .with_context(|| format!("cannot listen on --metrics-addr {metrics_addr}"))?;
-    let server = tokio::spawn(server::serve(listener, admin, stopped()));
+    let server = tokio::spawn(server::serve(listener, admin, tls, stopped()));
 
     let result = if leader.leader_elect {
         let timing = Timing {

@@ -1,8 +1,20 @@
 //! The admin HTTP server: `/metrics`, `/healthz`, `/readyz` on `--metrics-addr`.
 //!
-//! One accept task plus one task per open connection (axum on hyper, HTTP/1.1 only).
+//! One accept task plus one task per open connection (axum on hyper, HTTP/1.1 only). With
+//! `--metrics-auth delegated`, `/metrics` asks for a bearer token checked by TokenReview and
+//! SubjectAccessReview, and the server speaks TLS (given files, or a self-signed certificate);
+//! `/healthz` and `/readyz` stay open for kubelet probes, as KCM's always-allowed paths.
 
-use axum::{Router, extract::State, http::StatusCode, routing::get};
+use std::sync::Arc;
+
+use axum::{
+    Router,
+    extract::State,
+    http::{HeaderMap, StatusCode, header::AUTHORIZATION},
+    response::{IntoResponse as _, Response},
+    routing::get,
+};
+use lazyquota_kube::delegated::{Decision, DelegatedAuth};
 use lazyquota_kube::{
     controller::{Snapshot, SnapshotHandle},
     metrics::Metrics,
@@ -20,6 +32,8 @@ pub struct Admin {
     pub metrics: Metrics,
     /// Whether a standby is ready: it can reach the apiserver and the Lease.
     pub standby_ready: watch::Receiver<bool>,
+    /// Delegated authentication and authorization for `/metrics`, if enabled.
+    pub auth: Option<Arc<DelegatedAuth>>,
     process: ProcessGauges,
 }
 
@@ -79,6 +93,7 @@ impl Admin {
             controllers,
             metrics,
             standby_ready,
+            auth: None,
             process,
         }
     }
@@ -136,14 +151,35 @@ async fn snapshots(admin: &Admin) -> Option<Vec<Snapshot>> {
     Some(all)
 }
 
-async fn metrics(State(admin): State<Admin>) -> String {
+async fn metrics(State(admin): State<Admin>, headers: HeaderMap) -> Response {
+    if let Some(auth) = &admin.auth {
+        let header = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
+        match auth.check(header, "/metrics").await {
+            Decision::Allowed => {}
+            Decision::Unauthenticated => {
+                return (StatusCode::UNAUTHORIZED, "Unauthorized\n").into_response();
+            }
+            Decision::Forbidden(user) => {
+                tracing::debug!(%user, "forbidden: /metrics");
+                let body = format!("forbidden: user {user:?} cannot get path \"/metrics\"\n");
+                return (StatusCode::FORBIDDEN, body).into_response();
+            }
+            Decision::Unavailable => {
+                return (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "authentication or authorization unavailable\n",
+                )
+                    .into_response();
+            }
+        }
+    }
     if let Some(all) = snapshots(&admin).await
         && !all.is_empty()
     {
         admin.metrics.observe_clusters(&all);
     }
     admin.observe_process();
-    admin.metrics.encode()
+    admin.metrics.encode().into_response()
 }
 
 async fn readyz(State(admin): State<Admin>) -> (StatusCode, String) {
@@ -181,19 +217,85 @@ async fn readyz(State(admin): State<Admin>) -> (StatusCode, String) {
     }
 }
 
-/// Serves on `listener` until `shutdown` completes.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    admin: Admin,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let app = Router::new()
+fn router(admin: Admin) -> Router {
+    Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .with_state(admin);
+        .with_state(admin)
+}
+
+/// Serves on `listener` until `shutdown` completes: plain HTTP, or TLS with `tls`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    admin: Admin,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = router(admin);
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        tracing::info!(%addr, scheme, "serving /metrics, /healthz, /readyz");
     }
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+    let Some(tls) = tls else {
+        return axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            accepted = listener.accept() => accepted,
+        };
+        let Ok((tcp, _)) = accepted else { continue };
+        let (acceptor, app) = (acceptor.clone(), app.clone());
+        // One task per connection, as axum::serve does; a handshake gets 10 s.
+        tokio::spawn(async move {
+            let Ok(Ok(stream)) =
+                tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(tcp)).await
+            else {
+                return;
+            };
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// The TLS configuration of the admin server: the given PEM files, or a self-signed
+/// certificate for `localhost` and the loopback addresses made now (as KCM does when no
+/// certificate is given; scrapers then skip verification or pin it).
+pub fn tls_config(
+    files: Option<(&std::path::Path, &std::path::Path)>,
+) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    use anyhow::Context as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
+    let (certs, key) = match files {
+        Some((cert, key)) => {
+            let certs = CertificateDer::pem_file_iter(cert)
+                .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+                .with_context(|| format!("cannot read --metrics-tls-cert-file {}", cert.display()))?;
+            let key = PrivateKeyDer::from_pem_file(key)
+                .with_context(|| format!("cannot read --metrics-tls-key-file {}", key.display()))?;
+            (certs, key)
+        }
+        None => {
+            let names = ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec();
+            let made =
+                rcgen::generate_simple_self_signed(names).context("cannot make a self-signed certificate")?;
+            let key = PrivateKeyDer::try_from(made.signing_key.serialize_der())
+                .map_err(|e| anyhow::anyhow!("self-signed key: {e}"))?;
+            (vec![made.cert.der().clone()], key)
+        }
+    };
+    let config =
+        rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .context("TLS protocol versions")?
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .context("the metrics TLS certificate and key do not match")?;
+    Ok(Arc::new(config))
 }

@@ -87,7 +87,8 @@ async fn the_charts_service_account_does_the_whole_job_and_no_more() {
         .await
         .expect("quota");
 
-    let process = Lazyquota::start(&kubeconfig, CHART_FLAGS);
+    // Debug logs: even there, the token must not appear.
+    let process = Lazyquota::start_logging(&kubeconfig, CHART_FLAGS, "debug");
     let done = used_becomes(&quotas, "rbac", &key, "1").await;
     assert!(
         done.is_some(),
@@ -123,7 +124,24 @@ async fn the_charts_service_account_does_the_whole_job_and_no_more() {
         .expect_err("no deletes");
     assert!(matches!(&err, kube::Error::Api(s) if s.code == 403), "{err}");
 
+    let token = std::fs::read_to_string(&kubeconfig)
+        .expect("kubeconfig")
+        .split("token: '")
+        .nth(1)
+        .and_then(|rest| rest.split('\'').next())
+        .map(str::to_owned)
+        .expect("the token in the kubeconfig");
+    let log = process.log();
     drop(process);
+    assert!(log.lines().count() > 10, "a debug log was written");
+    assert!(
+        !log.contains(&token),
+        "the ServiceAccount token appears in the debug log"
+    );
+    assert!(
+        !log.contains(&token[token.len() - 16..]),
+        "no part of the token in the log"
+    );
     common::delete_crd(&client, &group, "gizmos").await;
     ns.delete().await.expect("delete namespace");
 }
@@ -315,5 +333,134 @@ async fn a_standby_takes_over_when_the_leader_dies_and_never_both_lead() {
         None,
         "the Lease was released"
     );
+    ns.delete().await.expect("delete namespace");
+}
+
+/// `--metrics-auth delegated`: /metrics over HTTPS answers 401 without a token, 403 to a
+/// ServiceAccount without `get` on the path, 200 to one with it (TokenReview +
+/// SubjectAccessReview, as KCM's secure port); /healthz stays open. No token reaches the log.
+#[tokio::test]
+async fn metrics_behind_delegated_authentication_and_authorization() {
+    use k8s_openapi::api::{
+        core::v1::ServiceAccount,
+        rbac::v1::{ClusterRole, ClusterRoleBinding},
+    };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cp = ControlPlane::get(Flavor::LazyquotaOnly);
+    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "metrics-auth")
+        .await
+        .expect("namespace");
+    let client = ns.client();
+    let pp = PostParams::default();
+    for name in ["scraper", "nobody"] {
+        let sa = ServiceAccount {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            ..ServiceAccount::default()
+        };
+        ns.api::<ServiceAccount>()
+            .create(&pp, &sa)
+            .await
+            .expect("service account");
+    }
+    let role_name = unique_name("metrics-reader");
+    let role: ClusterRole = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": role_name},
+        "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    }))
+    .expect("role");
+    Api::<ClusterRole>::all(client.clone())
+        .create(&pp, &role)
+        .await
+        .expect("role");
+    let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": role_name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
+        "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": ns.name()}]
+    }))
+    .expect("binding");
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .create(&pp, &binding)
+        .await
+        .expect("binding");
+    let scraper = common::service_account_token(cp, ns.name(), "scraper").await;
+    let nobody = common::service_account_token(cp, ns.name(), "nobody").await;
+
+    let process = Lazyquota::start_logging(cp.kubeconfig(), &["--metrics-auth", "delegated"], "debug");
+    // curl -k: the certificate is the self-signed one made at start.
+    let status = |path: &'static str, token: Option<String>| {
+        let port = process.port;
+        async move {
+            let mut args = vec![
+                "-ks".to_owned(),
+                "--max-time".into(),
+                "5".into(),
+                "-o".into(),
+                "/dev/null".into(),
+                "-w".into(),
+                "%{http_code}".into(),
+            ];
+            if let Some(token) = token {
+                args.extend(["-H".into(), format!("Authorization: Bearer {token}")]);
+            }
+            args.push(format!("https://127.0.0.1:{port}{path}"));
+            let out = tokio::process::Command::new("curl")
+                .args(&args)
+                .output()
+                .await
+                .ok()?;
+            String::from_utf8_lossy(&out.stdout)
+                .parse::<u16>()
+                .ok()
+                .filter(|c| *c != 0)
+        }
+    };
+    let healthy = eventually(WAIT, || status("/healthz", None)).await;
+    assert_eq!(
+        healthy,
+        Some(200),
+        "/healthz needs no token; log:\n{}",
+        process.log()
+    );
+    assert_eq!(status("/metrics", None).await, Some(401), "no token");
+    assert_eq!(
+        status("/metrics", Some("not-a-token".into())).await,
+        Some(401),
+        "a bad token"
+    );
+    assert_eq!(
+        status("/metrics", Some(nobody.clone())).await,
+        Some(403),
+        "not allowed"
+    );
+    let allowed = eventually(WAIT, || async {
+        (status("/metrics", Some(scraper.clone())).await == Some(200)).then_some(())
+    })
+    .await;
+    assert!(
+        allowed.is_some(),
+        "the scraper may read /metrics; log:\n{}",
+        process.log()
+    );
+    // Cached decisions answer the same.
+    assert_eq!(status("/metrics", Some(nobody.clone())).await, Some(403));
+    assert_eq!(status("/metrics", Some(scraper.clone())).await, Some(200));
+
+    let log = process.log();
+    drop(process);
+    for token in [&scraper, &nobody] {
+        assert!(
+            !log.contains(token.as_str()),
+            "a bearer token appears in the debug log"
+        );
+    }
+    let _ = Api::<ClusterRoleBinding>::all(client.clone())
+        .delete(&role_name, &DeleteParams::default())
+        .await;
+    let _ = Api::<ClusterRole>::all(client.clone())
+        .delete(&role_name, &DeleteParams::default())
+        .await;
     ns.delete().await.expect("delete namespace");
 }

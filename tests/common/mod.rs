@@ -212,13 +212,8 @@ pub async fn has_watch(controller: &SnapshotHandle, count_name: &str) -> bool {
         .any(|w| w.key.resource.object_count_name() == count_name)
 }
 
-/// A kubeconfig file for ServiceAccount `namespace/name`, with a token from the TokenRequest
-/// API (one hour), for running lazyquota with exactly that account's RBAC.
-pub async fn service_account_kubeconfig(
-    cp: &ControlPlane,
-    namespace: &str,
-    name: &str,
-) -> std::path::PathBuf {
+/// A token of ServiceAccount `namespace/name` from the TokenRequest API (one hour).
+pub async fn service_account_token(cp: &ControlPlane, namespace: &str, name: &str) -> String {
     use k8s_openapi::api::{
         authentication::v1::{TokenRequest, TokenRequestSpec},
         core::v1::ServiceAccount,
@@ -236,7 +231,17 @@ pub async fn service_account_kubeconfig(
         .create_subresource("token", name, &PostParams::default(), &request)
         .await
         .expect("TokenRequest");
-    let token = token.status.and_then(|s| s.token).expect("token issued");
+    token.status.and_then(|s| s.token).expect("token issued")
+}
+
+/// A kubeconfig file for ServiceAccount `namespace/name`, with a token from the TokenRequest
+/// API (one hour), for running lazyquota with exactly that account's RBAC.
+pub async fn service_account_kubeconfig(
+    cp: &ControlPlane,
+    namespace: &str,
+    name: &str,
+) -> std::path::PathBuf {
+    let token = service_account_token(cp, namespace, name).await;
     let facts = |k: &str| {
         cp.fact(k)
             .unwrap_or_else(|| panic!("control plane fact {k}"))

@@ -22,6 +22,11 @@ pub struct Lazyquota {
 impl Lazyquota {
     /// Starts `lazyquota run --kubeconfig <kubeconfig> <extra>` on a free metrics port.
     pub fn start(kubeconfig: &Path, extra: &[&str]) -> Self {
+        Self::start_logging(kubeconfig, extra, "info")
+    }
+
+    /// [`Lazyquota::start`] with `RUST_LOG` set to `filter`.
+    pub fn start_logging(kubeconfig: &Path, extra: &[&str], filter: &str) -> Self {
         let port = free_port();
         let log = std::env::temp_dir().join(format!("{}.log", unique_name("lazyquota")));
         let out = std::fs::File::create(&log).expect("log file");
@@ -34,7 +39,7 @@ impl Lazyquota {
                 &format!("127.0.0.1:{port}"),
             ])
             .args(extra)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", filter)
             .stdout(Stdio::null())
             .stderr(out)
             .spawn()

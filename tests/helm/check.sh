@@ -74,10 +74,10 @@ check "defaults: 2 replicas, leader election, restricted pod, probes" contains "
   "runAsNonRoot: true" "runAsUser: 65532" "readOnlyRootFilesystem: true" \
   "allowPrivilegeEscalation: false" "- ALL" "type: RuntimeDefault" \
   "path: /healthz" "path: /readyz" "name: POD_NAME" "name: POD_NAMESPACE" "name: RUST_LOG" \
-  'apiGroups: ["*"]' "image: \"lazyquota:0.1.0\""
+  'apiGroups: ["*"]' "image: \"lazyquota:0.1.0\"" "- --metrics-auth" '"none"'
 check "defaults: optional objects off" lacks "$work/default.yaml" \
   "kind: ServiceMonitor" "kind: PodMonitor" "kind: PrometheusRule" "kind: NetworkPolicy" \
-  "- --shadow" "LAZYQUOTA_KCP_SHARD_URL"
+  "- --shadow" "LAZYQUOTA_KCP_SHARD_URL" "system:auth-delegator" "scheme: HTTPS"
 # shellcheck disable=SC2016 # the alert templates are literal text
 check "values-all: every optional object and flag" contains "$work/all.yaml" \
   "kind: ServiceMonitor" "kind: PodMonitor" "kind: PrometheusRule" "kind: NetworkPolicy" \
@@ -87,7 +87,9 @@ check "values-all: every optional object and flag" contains "$work/all.yaml" \
   'rate(lazyquota_quota_syncs_total{result=~"error|conflict"}[5m]) > 0.1' \
   "lazyquota_watch_failing > 0" "sum(lazyquota_shadow_disagreements) > 0" \
   '{{ $labels.resource }}' '{{ $labels.reason }}' \
-  'apiGroups: ["apps","batch","example.com"]' "- persistentvolumeclaims" '"0.0.0.0:8080"'
+  'apiGroups: ["apps","batch","example.com"]' "- persistentvolumeclaims" '"0.0.0.0:8080"' \
+  "- --metrics-auth" '"delegated"' "name: system:auth-delegator" "scheme: HTTPS" \
+  "scheme: https" "insecureSkipVerify: true" "bearerTokenFile:"
 check "values-all: leader election off, no wildcard rule" lacks "$work/all.yaml" \
   "- --leader-elect" "kind: Role" 'apiGroups: ["*"]'
 

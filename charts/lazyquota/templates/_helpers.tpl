@@ -87,6 +87,8 @@ The container arguments: the flags of `lazyquota run`.
 - run
 - --metrics-addr
 - {{ printf "0.0.0.0:%d" (int .Values.metrics.port) | quote }}
+- --metrics-auth
+- {{ .Values.metrics.auth | default "none" | quote }}
 - --mode
 - {{ .Values.controller.mode | quote }}
 - --resync-period
@@ -129,4 +131,12 @@ Checks of combinations the schema cannot express.
 {{- if and .Values.serviceMonitor.enabled (not .Values.service.enabled) }}
 {{- fail "serviceMonitor.enabled needs service.enabled" }}
 {{- end }}
+{{- end }}
+
+{{/*
+The scheme of the metrics port: HTTPS with delegated authentication (bearer tokens must not
+travel in clear text).
+*/}}
+{{- define "lazyquota.metricsScheme" -}}
+{{- if eq (.Values.metrics.auth | default "none") "delegated" }}https{{ else }}http{{ end }}
 {{- end }}
