@@ -33,7 +33,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the controller.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Compute what status.used should be, from a direct list (no writes), and show where the
     /// stored value differs.
     Usage(UsageArgs),
@@ -278,7 +278,7 @@ fn one_line(error: &anyhow::Error) -> String {
 
 async fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Run(args) => run(args).await,
+        Command::Run(args) => run(*args).await,
         Command::Usage(args) => usage(args).await,
         Command::Explain(args) => explain(args).await,
     }

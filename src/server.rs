@@ -272,23 +272,20 @@ pub fn tls_config(
 ) -> anyhow::Result<Arc<rustls::ServerConfig>> {
     use anyhow::Context as _;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
-    let (certs, key) = match files {
-        Some((cert, key)) => {
-            let certs = CertificateDer::pem_file_iter(cert)
-                .and_then(Iterator::collect::<Result<Vec<_>, _>>)
-                .with_context(|| format!("cannot read --metrics-tls-cert-file {}", cert.display()))?;
-            let key = PrivateKeyDer::from_pem_file(key)
-                .with_context(|| format!("cannot read --metrics-tls-key-file {}", key.display()))?;
-            (certs, key)
-        }
-        None => {
-            let names = ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec();
-            let made =
-                rcgen::generate_simple_self_signed(names).context("cannot make a self-signed certificate")?;
-            let key = PrivateKeyDer::try_from(made.signing_key.serialize_der())
-                .map_err(|e| anyhow::anyhow!("self-signed key: {e}"))?;
-            (vec![made.cert.der().clone()], key)
-        }
+    let (certs, key) = if let Some((cert, key)) = files {
+        let certs = CertificateDer::pem_file_iter(cert)
+            .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+            .with_context(|| format!("cannot read --metrics-tls-cert-file {}", cert.display()))?;
+        let key = PrivateKeyDer::from_pem_file(key)
+            .with_context(|| format!("cannot read --metrics-tls-key-file {}", key.display()))?;
+        (certs, key)
+    } else {
+        let names = ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec();
+        let made =
+            rcgen::generate_simple_self_signed(names).context("cannot make a self-signed certificate")?;
+        let key = PrivateKeyDer::try_from(made.signing_key.serialize_der())
+            .map_err(|e| anyhow::anyhow!("self-signed key: {e}"))?;
+        (vec![made.cert.der().clone()], key)
     };
     let config =
         rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
