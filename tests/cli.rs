@@ -203,4 +203,19 @@ fn bad_input_gives_one_clear_error_line_and_a_non_zero_exit() {
         &gone,
         "cluster \"b\": cannot read kubeconfig /nonexistent/kubeconfig",
     );
+
+    let tls = lazyquota(&[
+        "run",
+        "--kubeconfig",
+        Path::new(&kubeconfig()).to_str().unwrap(),
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--metrics-tls-cert-file",
+        "/nonexistent/tls.crt",
+        "--metrics-tls-key-file",
+        "/nonexistent/tls.key",
+    ]);
+    assert_one_line_error(&tls, "cannot read --metrics-tls-cert-file /nonexistent/tls.crt");
+    let half = lazyquota(&["run", "--metrics-tls-cert-file", "/x"]);
+    assert_one_line_error(&half, "--metrics-tls-key-file");
 }
