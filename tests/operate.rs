@@ -276,7 +276,58 @@ async fn a_standby_takes_over_when_the_leader_dies_and_never_both_lead() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    // Kill the leader hard; the standby takes over within the lease duration (+ retries).
+    // Writes in flight: a quota whose namespace churns, so the leader keeps writing.
+    let quotas = ns.api::<ResourceQuota>();
+    quotas
+        .create(
+            &PostParams::default(),
+            &quota("during", &[("count/configmaps", "1000")]),
+        )
+        .await
+        .expect("quota");
+    used_becomes(&quotas, "during", "count/configmaps", "1")
+        .await
+        .expect("the leader writes");
+    let churn = {
+        let configmaps = ns.api::<ConfigMap>();
+        tokio::spawn(async move {
+            for i in 0..120 {
+                let cm = ConfigMap {
+                    metadata: ObjectMeta {
+                        name: Some(format!("churn-{i}")),
+                        ..ObjectMeta::default()
+                    },
+                    ..ConfigMap::default()
+                };
+                let _ = configmaps.create(&PostParams::default(), &cm).await;
+                if i % 2 == 0 {
+                    let _ = configmaps
+                        .delete(&format!("churn-{i}"), &DeleteParams::default())
+                        .await;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let writes = |metrics: &str| -> u64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("lazyquota_status_writes_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let (_, leader_metrics) = leader.get("/metrics").await.expect("leader metrics");
+    let (_, standby_metrics) = standby.get("/metrics").await.expect("standby metrics");
+    assert!(writes(&leader_metrics) > 0, "the leader is writing");
+    assert_eq!(
+        writes(&standby_metrics),
+        0,
+        "the standby never writes while the leader leads"
+    );
+
+    // Kill the leader hard, mid-writes; the standby takes over within the lease duration
+    // (+ retries).
     leader.child.kill().expect("kill leader");
     let _ = leader.child.wait();
     let taken = eventually(Duration::from_secs(10), || async {
@@ -295,16 +346,28 @@ async fn a_standby_takes_over_when_the_leader_dies_and_never_both_lead() {
         Some(standby_id)
     );
 
+    // The churn ends; the new leader's status converges to a direct recomputation.
+    churn.await.expect("churn");
+    assert!(
+        eventually(Duration::from_secs(60), || common::converged(&ns))
+            .await
+            .is_some(),
+        "converged after the leader died mid-writes; log:\n{}",
+        standby.log()
+    );
+    used_becomes(&quotas, "during", "count/configmaps", "61")
+        .await
+        .expect("1 root CA + 120 created − 60 deleted");
+
     // The new leader writes.
-    let quotas = ns.api::<ResourceQuota>();
     quotas
         .create(
             &PostParams::default(),
-            &quota("after", &[("count/configmaps", "5")]),
+            &quota("after", &[("count/configmaps", "1000")]),
         )
         .await
         .expect("quota");
-    used_becomes(&quotas, "after", "count/configmaps", "1")
+    used_becomes(&quotas, "after", "count/configmaps", "61")
         .await
         .expect("the new leader writes");
 
