@@ -309,7 +309,7 @@ async fn a_standby_takes_over_when_the_leader_dies_and_never_both_lead() {
             }
         })
     };
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let writes = |metrics: &str| -> u64 {
         metrics
             .lines()
