@@ -621,3 +621,79 @@ async fn an_unavailable_apiservice_holds_only_its_keys() {
         .expect("delete APIService");
     ns.delete().await.expect("delete namespace");
 }
+
+/// A quota that got past validation (written to etcd directly, as an older or buggy writer
+/// could): an unknown scope and malformed hard keys. lazyquota reports it with an Event and a
+/// log line, computes what it can, and the namespace's other quota is unaffected.
+#[tokio::test]
+async fn a_quota_that_got_past_validation_is_reported_and_isolated() {
+    let snapshots = controller(Flavor::LazyquotaOnly, test_config());
+    let cp = ControlPlane::get(Flavor::LazyquotaOnly);
+    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "invalid")
+        .await
+        .expect("namespace");
+    let quotas = ns.api::<ResourceQuota>();
+    quotas
+        .create(
+            &PostParams::default(),
+            &quota("good", &[("count/configmaps", "10")]),
+        )
+        .await
+        .expect("quota");
+    let object = serde_json::json!({
+        "kind": "ResourceQuota", "apiVersion": "v1",
+        "metadata": {"name": "bad", "namespace": ns.name(),
+                     "uid": "6f7c1f1e-0000-4000-8000-00000000000b",
+                     "creationTimestamp": "2026-11-30T00:00:00Z"},
+        "spec": {"hard": {"count/configmaps": "10", "count/": "1", "Not A Name!": "2"},
+                 "scopes": ["Bogus"]}
+    });
+    // ByteString serialises as base64, which etcd's JSON gateway expects.
+    let b64 = |s: &str| serde_json::to_value(k8s_openapi::ByteString(s.as_bytes().to_vec())).expect("base64");
+    let put = serde_json::json!({
+        "key": b64(&format!("/registry/resourcequotas/{}/bad", ns.name())),
+        "value": b64(&object.to_string()),
+    });
+    let etcd = cp.fact("LAZYQUOTA_ETCD_URL").expect("etcd url");
+    let out = tokio::process::Command::new("curl")
+        .args(["-fsS", "--max-time", "5", "-X", "POST", "-d", &put.to_string()])
+        .arg(format!("{etcd}/v3/kv/put"))
+        .output()
+        .await
+        .expect("curl");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let events = ns.api::<k8s_openapi::api::events::v1::Event>();
+    let event = eventually(WAIT, || async {
+        let list = events.list(&kube::api::ListParams::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("InvalidSpec"))
+    })
+    .await
+    .expect("an InvalidSpec Event on the bad quota");
+    assert!(
+        event.note.unwrap_or_default().contains("Bogus"),
+        "the Event names the scope"
+    );
+    // status.hard copies spec.hard, so the apiserver refuses any status for it (as it would
+    // KCM's): reported on the quota, retried with backoff, nothing else held up.
+    let rejected = eventually(WAIT, || async {
+        let list = events.list(&kube::api::ListParams::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("StatusRejected"))
+    })
+    .await
+    .expect("a StatusRejected Event");
+    assert!(
+        rejected.note.unwrap_or_default().contains("Not A Name!"),
+        "it names the key"
+    );
+    common::create_configmap(&ns, "more").await;
+    used_becomes(&quotas, "good", "count/configmaps", "2")
+        .await
+        .expect("the good quota keeps working");
+    assert!(snapshots.get().await.is_some(), "the controller is alive");
+    ns.delete().await.expect("delete namespace");
+}

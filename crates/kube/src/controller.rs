@@ -1133,6 +1133,18 @@ impl Controller {
                 self.metrics.status_write("not_found");
                 self.queue.forget(key);
             }
+            Err(kube::Error::Api(status)) if status.code == 422 => {
+                // The apiserver refuses the status itself: status.hard copies spec.hard, so a
+                // quota that got past validation (an invalid key) cannot be written — upstream
+                // fails the same way. Say so on the quota; retry with backoff (an edit of the
+                // quota triggers a new computation anyway).
+                self.metrics.quota_sync("error", seconds);
+                self.metrics.status_write("invalid");
+                let delay = self.queue.add_rate_limited(key.clone(), Instant::now());
+                warn!(quota = %key, error = %status.message, ?delay, "the apiserver rejected the status as invalid");
+                let note = format!("status update rejected as invalid: {}", status.message);
+                self.emit(key, EventType::Warning, "StatusRejected", &note);
+            }
             Err(error) => {
                 self.metrics.quota_sync("error", seconds);
                 self.metrics.status_write("error");
