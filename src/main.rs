@@ -12,6 +12,7 @@ use lazyquota_index::keys::ClusterName;
 use lazyquota_kube::{
     client::Transport,
     controller::{Config, Controller, Mode, SnapshotHandle},
+    kcp::Shard,
     lease::{LeaseLock, Timing},
     metrics::Metrics,
     report,
@@ -90,6 +91,20 @@ struct ClusterArgs {
     /// after that context. Repeatable.
     #[arg(long, value_name = "[NAME=]FILE")]
     cluster_kubeconfig: Vec<String>,
+    /// kcp: serve every logical cluster of this shard that has a ResourceQuota (wildcard
+    /// watches; credentials from --kubeconfig/--context, which must allow wildcard list/watch
+    /// on the shard). One lazyquota per shard.
+    #[arg(
+        long,
+        env = "LAZYQUOTA_KCP_SHARD_URL",
+        value_name = "URL",
+        conflicts_with_all = ["all_contexts", "cluster_kubeconfig"]
+    )]
+    kcp_shard_url: Option<String>,
+    /// kcp: the logical cluster holding the leader-election Lease and answering /metrics
+    /// reviews.
+    #[arg(long, value_name = "NAME", default_value = "root", requires = "kcp_shard_url")]
+    kcp_home_cluster: String,
 }
 
 impl ClusterArgs {
@@ -102,9 +117,29 @@ impl ClusterArgs {
         })?)
     }
 
-    /// One client per cluster (HTTP/1.1, for the one-shot commands).
+    /// One client per cluster (HTTP/1.1, for the one-shot commands); with kcp, one per
+    /// logical cluster that has a ResourceQuota.
     async fn endpoints(&self) -> anyhow::Result<Vec<Endpoint>> {
+        if let Some(shard) = self.shard(Transport::Http1).await? {
+            return Ok(shard.endpoints().await?);
+        }
         Ok(self.source()?.connect(Transport::Http1).await?)
+    }
+
+    /// The kcp shard, when `--kcp-shard-url` is given.
+    async fn shard(&self, transport: Transport) -> anyhow::Result<Option<Shard>> {
+        let Some(url) = &self.kcp_shard_url else {
+            return Ok(None);
+        };
+        if self.context.len() > 1 {
+            anyhow::bail!("--kcp-shard-url serves one shard: give at most one --context (its credentials)");
+        }
+        let config = lazyquota_kube::client::load_config(
+            self.kubeconfig.as_deref(),
+            self.context.first().map(String::as_str),
+        )
+        .await?;
+        Ok(Some(Shard::new(config, url, transport)?))
     }
 }
 
@@ -319,10 +354,19 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         TransportArg::Http1 => Transport::Http1,
         TransportArg::Http2 => Transport::Http2,
     };
-    let endpoints = cluster.source()?.connect(transport).await?;
+    let shard = cluster.shard(transport).await?;
+    let endpoints = match &shard {
+        // kcp: the home cluster carries the Lease and answers /metrics reviews; the logical
+        // clusters served are found on the shard.
+        Some(shard) => vec![Endpoint {
+            name: ClusterName::new(&cluster.kcp_home_cluster),
+            client: shard.cluster(&ClusterName::new(&cluster.kcp_home_cluster))?,
+        }],
+        None => cluster.source()?.connect(transport).await?,
+    };
     // One cluster: unreachable is a start-up error. Several (hosted control planes): one
     // that is down must not keep the others from being served; its controller retries.
-    let single = endpoints.len() == 1;
+    let single = endpoints.len() == 1 && shard.is_none();
     for endpoint in &endpoints {
         match endpoint.client.apiserver_version().await {
             Ok(version) => info!(cluster = %endpoint.name, version = %version.git_version, "connected"),
@@ -407,6 +451,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         let lock = LeaseLock::new(endpoints[0].client.clone(), namespace, name, &identity, timing);
         info!(%identity, lease = %name, %namespace, cluster = %endpoints[0].name, "waiting for the leader lease");
         run_leader_elected(
+            shard,
             endpoints,
             config,
             metrics,
@@ -418,7 +463,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .await
     } else {
         metrics.leader.set(1);
-        run_clusters(endpoints, &config, &metrics, &controller_tx, stopped).await
+        serve(shard, endpoints, &config, &metrics, &controller_tx, stopped).await
     };
     server.abort();
     info!("stopped");
@@ -427,7 +472,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 
 /// Waits for the Lease, then runs the controller while holding it. Losing the Lease ends
 /// the process with an error (Kubernetes restarts it as a standby): no write happens after.
+#[allow(clippy::too_many_arguments)] // the run's parts, each used once
 async fn run_leader_elected<F, Fut>(
+    shard: Option<Shard>,
     endpoints: Vec<Endpoint>,
     config: Config,
     metrics: Metrics,
@@ -447,7 +494,7 @@ where
     }
     metrics.leader.set(1);
     let outcome = tokio::select! {
-        result = run_clusters(endpoints, &config, &metrics, controller_tx, &stopped) => result,
+        result = serve(shard, endpoints, &config, &metrics, controller_tx, &stopped) => result,
         lost = lock.hold() => {
             metrics.leader.set(0);
             return Err(anyhow::Error::from(lost));
@@ -456,6 +503,25 @@ where
     lock.release().await;
     metrics.leader.set(0);
     outcome
+}
+
+/// Serves the kcp shard, or else the clusters of `endpoints`.
+async fn serve<F, Fut>(
+    shard: Option<Shard>,
+    endpoints: Vec<Endpoint>,
+    config: &Config,
+    metrics: &Metrics,
+    controller_tx: &watch::Sender<Vec<SnapshotHandle>>,
+    stopped: F,
+) -> anyhow::Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    match shard {
+        Some(shard) => Ok(lazyquota_kube::kcp::run(&shard, config, metrics, controller_tx, stopped()).await?),
+        None => run_clusters(endpoints, config, metrics, controller_tx, stopped).await,
+    }
 }
 
 /// Runs one controller per cluster, each in its own task (its logs carry the cluster), until

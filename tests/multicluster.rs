@@ -87,6 +87,9 @@ async fn one_process_serves_three_clusters_independently() {
         clusters.push(cp.cluster_client(context).await.expect("cluster client"));
     }
     let [c0, c1, c2] = [&clusters[0], &clusters[1], &clusters[2]];
+    for client in &clusters {
+        common::remove_all_quotas(client).await;
+    }
 
     // The same namespace name in all three clusters; none has a quota yet.
     let ns = unique_name("mc");
@@ -244,6 +247,7 @@ async fn one_process_serves_three_clusters_independently() {
     );
 
     for client in &clusters {
+        common::remove_all_quotas(client).await;
         let _ = Api::<Namespace>::all(client.clone())
             .delete(&ns, &DeleteParams::default())
             .await;

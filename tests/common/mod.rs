@@ -325,3 +325,20 @@ pub async fn converged(ns: &lazyquota_testenv::TestNamespace) -> Option<()> {
     .ok()?;
     (!report.is_empty() && report.iter().all(|q| q.keys.iter().all(|k| !k.differs))).then_some(())
 }
+
+/// Deletes every ResourceQuota of a cluster. For the multi-cluster control plane, whose
+/// clusters 1 and 2 run no namespace controller: quotas left by an earlier test in a namespace
+/// that never finishes terminating would add demand to the next one.
+pub async fn remove_all_quotas(client: &Client) {
+    let all = Api::<ResourceQuota>::all(client.clone());
+    let Ok(list) = all.list(&kube::api::ListParams::default()).await else {
+        return;
+    };
+    for q in list.items {
+        let ns = q.metadata.namespace.clone().unwrap_or_default();
+        let name = q.metadata.name.clone().unwrap_or_default();
+        let _ = Api::<ResourceQuota>::namespaced(client.clone(), &ns)
+            .delete(&name, &DeleteParams::default())
+            .await;
+    }
+}

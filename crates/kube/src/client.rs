@@ -104,35 +104,63 @@ pub async fn connect_with(
 /// `TCP_NODELAY`: hyper's connector leaves Nagle's algorithm on, and a request written as
 /// headers then body on a fresh connection then waits for the server's delayed ACK (~40 ms).
 fn build(config: Config, transport: Transport) -> Result<Client, kube::Error> {
-    use hyper_util::{
-        client::legacy::{Builder, connect::HttpConnector},
-        rt::{TokioExecutor, TokioTimer},
-    };
-    use kube::client::ConfigExt as _;
-    use tower::ServiceBuilder;
+    let pool = Pool::new(&config, transport)?;
+    pool.client(config)
+}
 
-    let tls = config.rustls_client_config()?;
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    http.set_connect_timeout(config.connect_timeout);
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http();
-    let https = match transport {
-        Transport::Http1 => https.enable_http1().wrap_connector(http),
-        Transport::Http2 => https.enable_all_versions().wrap_connector(http),
-    };
-    let hyper = Builder::new(TokioExecutor::new())
-        .timer(TokioTimer::new())
-        .http2_keep_alive_interval(std::time::Duration::from_secs(30))
-        .http2_keep_alive_while_idle(true)
-        .build(https);
-    let service = ServiceBuilder::new()
-        .layer(config.base_uri_layer())
-        .option_layer(config.auth_layer()?)
-        .layer(config.extra_headers_layer()?)
-        .map_err(tower::BoxError::from)
-        .service(hyper);
-    Ok(Client::new(service, config.default_namespace))
+type Hyper = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    kube::client::Body,
+>;
+
+/// One connection pool shared by clients of several base URLs on one server — a kcp shard's
+/// logical clusters (`<shard>/clusters/<name>`): over HTTP/2 they all share one connection,
+/// over HTTP/1.1 idle connections are reused across them. TLS settings and credentials come
+/// from the configuration the pool was made with.
+#[derive(Clone)]
+pub struct Pool {
+    hyper: Hyper,
+}
+
+impl Pool {
+    /// A pool speaking `transport`, trusting and presenting what `config` says.
+    pub fn new(config: &Config, transport: Transport) -> Result<Self, kube::Error> {
+        use hyper_util::{
+            client::legacy::{Builder, connect::HttpConnector},
+            rt::{TokioExecutor, TokioTimer},
+        };
+        use kube::client::ConfigExt as _;
+
+        let tls = config.rustls_client_config()?;
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(config.connect_timeout);
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http();
+        let https = match transport {
+            Transport::Http1 => https.enable_http1().wrap_connector(http),
+            Transport::Http2 => https.enable_all_versions().wrap_connector(http),
+        };
+        let hyper = Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .http2_keep_alive_interval(std::time::Duration::from_secs(30))
+            .http2_keep_alive_while_idle(true)
+            .build(https);
+        Ok(Self { hyper })
+    }
+
+    /// A client for `config`'s base URL over this pool's connections.
+    pub fn client(&self, config: Config) -> Result<Client, kube::Error> {
+        use kube::client::ConfigExt as _;
+        use tower::ServiceBuilder;
+        let service = ServiceBuilder::new()
+            .layer(config.base_uri_layer())
+            .option_layer(config.auth_layer()?)
+            .layer(config.extra_headers_layer()?)
+            .map_err(tower::BoxError::from)
+            .service(self.hyper.clone());
+        Ok(Client::new(service, config.default_namespace))
+    }
 }

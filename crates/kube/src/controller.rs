@@ -93,6 +93,9 @@ pub struct Config {
     pub streaming_lists: Option<bool>,
     /// This instance's name in Events it records (a pod name).
     pub instance: String,
+    /// The cluster is a kcp logical cluster: discovery is re-run on APIBinding changes (kcp
+    /// serves no APIServices).
+    pub kcp: bool,
 }
 
 impl Default for Config {
@@ -108,6 +111,7 @@ impl Default for Config {
             gates: FeatureGates::default(),
             streaming_lists: Some(false),
             instance: "lazyquota".into(),
+            kcp: false,
         }
     }
 }
@@ -336,7 +340,7 @@ impl Controller {
         )
         .default_backoff()
         .boxed();
-        let mut api_changes = api_change_stream(&self.client);
+        let mut api_changes = api_change_stream(&self.client, self.config.kcp);
         let mut quota_relist: Option<Vec<ResourceQuota>> = None;
         let mut discovery = Some(discover_owned(self.client.clone()));
         let mut next_discovery = tokio::time::Instant::now() + self.config.discovery_poll;
@@ -1208,7 +1212,9 @@ fn discover_owned(client: Client) -> BoxFuture<'static, Result<Discovered, kube:
 
 /// One item per change of a CustomResourceDefinition or APIService (metadata-only watches:
 /// only the fact of a change matters, discovery reads the rest).
-fn api_change_stream(client: &Client) -> BoxStream<'static, ()> {
+/// Fires when the set of served types may have changed: CRDs and APIServices on Kubernetes;
+/// CRDs and APIBindings in a kcp logical cluster.
+fn api_change_stream(client: &Client, kcp: bool) -> BoxStream<'static, ()> {
     #[allow(clippy::needless_pass_by_value)] // filter_map hands each item over by value
     fn changed<K>(event: Result<watcher::Event<K>, watcher::Error>) -> futures::future::Ready<Option<()>> {
         let changed = matches!(
@@ -1218,11 +1224,30 @@ fn api_change_stream(client: &Client) -> BoxStream<'static, ()> {
         futures::future::ready(changed.then_some(()))
     }
     let crds: Api<PartialObjectMeta<CustomResourceDefinition>> = Api::all(client.clone());
+    let crd_changes = watcher(crds, watcher::Config::default())
+        .default_backoff()
+        .filter_map(changed);
+    if kcp {
+        let bindings = kube::api::ApiResource {
+            group: "apis.kcp.io".into(),
+            version: "v1alpha1".into(),
+            api_version: "apis.kcp.io/v1alpha1".into(),
+            kind: "APIBinding".into(),
+            plural: "apibindings".into(),
+        };
+        let bindings: Api<PartialObjectMeta<kube::api::DynamicObject>> =
+            Api::all_with(client.clone(), &bindings);
+        return futures::stream::select(
+            crd_changes,
+            watcher(bindings, watcher::Config::default())
+                .default_backoff()
+                .filter_map(changed),
+        )
+        .boxed();
+    }
     let services: Api<PartialObjectMeta<APIService>> = Api::all(client.clone());
     futures::stream::select(
-        watcher(crds, watcher::Config::default())
-            .default_backoff()
-            .filter_map(changed),
+        crd_changes,
         watcher(services, watcher::Config::default())
             .default_backoff()
             .filter_map(changed),

@@ -36,6 +36,7 @@ pub struct Metrics {
     cluster_quotas: IntGaugeVec,
     cluster_ready: IntGaugeVec,
     unavailable_groups: IntGaugeVec,
+    kcp_engaged: IntGauge,
     /// 1 while this process leads (or leader election is off), else 0.
     pub leader: IntGauge,
 }
@@ -180,6 +181,11 @@ impl Metrics {
                 "ResourceQuotas known per served cluster.",
                 &["cluster"],
             ),
+            kcp_engaged: gauge(
+                &r,
+                "lazyquota_kcp_engaged_clusters",
+                "kcp: logical clusters of the shard served now (those with a ResourceQuota).",
+            ),
             unavailable_groups: gauge_vec(
                 &r,
                 "lazyquota_unavailable_api_groups",
@@ -230,6 +236,11 @@ impl Metrics {
     /// Counts a status write.
     pub fn status_write(&self, result: &str) {
         self.status_writes.with_label_values(&[result]).inc();
+    }
+
+    /// kcp: how many logical clusters are served now.
+    pub fn kcp_engaged(&self, clusters: usize) {
+        self.kcp_engaged.set(i64::try_from(clusters).unwrap_or(i64::MAX));
     }
 
     /// Counts a discovery run.

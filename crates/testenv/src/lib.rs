@@ -19,6 +19,7 @@
 //!   it at the end (`make cp-stop` does too).
 
 pub mod fixtures;
+pub mod kcp;
 pub mod proxy;
 
 use std::{

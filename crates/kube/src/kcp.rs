@@ -1,0 +1,460 @@
+//! kcp: one lazyquota per shard, serving every logical cluster on it that has a ResourceQuota.
+//!
+//! ```text
+//!  GET /clusters/*/api/v1/resourcequotas?watch   (metadata only) ─┐
+//!  GET /clusters/*/apis/core.kcp.io/v1alpha1/logicalclusters?watch ┴► Membership ─► engage / disengage
+//!  engaged cluster c: a Controller over <shard>/clusters/c  (its own quota, CRD and APIBinding
+//!  watches, lazy watches of what its quotas constrain, status writes and Events there)
+//! ```
+//!
+//! A logical cluster costs nothing until a ResourceQuota appears in it: no controller, no
+//! watch, no discovery — the workspace-level form of lazyquota's rule, on top of the per-type
+//! rule each engaged controller applies. All clients share one connection pool to the shard
+//! ([`crate::client::Pool`]; with `--transport http2` one connection for the whole shard). The
+//! cluster of every wildcard object is its `kcp.io/cluster` annotation.
+//!
+//! Not done (see docs/design.md): one shared wildcard watch per resource type when many clusters
+//! demand it; each engaged cluster watches its own types.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    future::Future,
+};
+
+use futures::{StreamExt as _, stream::FuturesUnordered};
+use k8s_openapi::api::core::v1::ResourceQuota;
+use kube::{
+    Api, Client, ResourceExt as _,
+    api::{ApiResource, DynamicObject, ListParams, PartialObjectMeta},
+    runtime::{WatchStreamExt as _, watcher},
+};
+use lazyquota_index::keys::ClusterName;
+use tokio::{sync::oneshot, task::JoinHandle};
+use tracing::{Instrument as _, info, info_span, warn};
+
+use crate::{
+    client::{Pool, Transport},
+    controller::{self, Controller, SnapshotHandle},
+    metrics::Metrics,
+    source::Endpoint,
+};
+
+/// The annotation kcp puts on every object with its logical cluster's name.
+pub const CLUSTER_ANNOTATION: &str = "kcp.io/cluster";
+
+/// Why the shard cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The shard URL is not a URL.
+    #[error("--kcp-shard-url {0:?} is not a URL")]
+    BadUrl(String),
+    /// A client could not be built.
+    #[error("cannot build a client for the kcp shard: {0}")]
+    Client(#[source] kube::Error),
+    /// Listing the shard's quotas failed (one-shot commands).
+    #[error("cannot list ResourceQuotas across the shard's logical clusters: {0}")]
+    List(#[source] kube::Error),
+}
+
+/// A kcp shard: its base URL and the credentials to reach it (shard-level `system:masters`
+/// or equivalent: wildcard requests are privileged and not served through the front-proxy).
+#[derive(Clone)]
+pub struct Shard {
+    config: kube::Config,
+    pool: Pool,
+}
+
+impl Shard {
+    /// The shard at `url` (e.g. `https://shard-1.kcp.example:6443`; a `/clusters/...` path is
+    /// dropped), with the TLS settings and credentials of `config`.
+    pub fn new(mut config: kube::Config, url: &str, transport: Transport) -> Result<Self, Error> {
+        let base = url
+            .split("/clusters/")
+            .next()
+            .unwrap_or(url)
+            .trim_end_matches('/');
+        config.cluster_url = base.parse().map_err(|_| Error::BadUrl(url.to_owned()))?;
+        let pool = Pool::new(&config, transport).map_err(Error::Client)?;
+        Ok(Self { config, pool })
+    }
+
+    fn at(&self, cluster: &str) -> Result<Client, Error> {
+        let mut config = self.config.clone();
+        let base = config.cluster_url.to_string();
+        config.cluster_url = format!("{}/clusters/{cluster}", base.trim_end_matches('/'))
+            .parse()
+            .map_err(|_| Error::BadUrl(base))?;
+        self.pool.client(config).map_err(Error::Client)
+    }
+
+    /// A client for one logical cluster (`<shard>/clusters/<name>`).
+    pub fn cluster(&self, name: &ClusterName) -> Result<Client, Error> {
+        self.at(name.as_str())
+    }
+
+    /// A client for wildcard lists and watches (`<shard>/clusters/*`).
+    pub fn wildcard(&self) -> Result<Client, Error> {
+        self.at("*")
+    }
+
+    /// One endpoint per logical cluster that has a ResourceQuota now (for `usage` and
+    /// `explain`), from one wildcard list.
+    pub async fn endpoints(&self) -> Result<Vec<Endpoint>, Error> {
+        let quotas = Api::<ResourceQuota>::all(self.wildcard()?)
+            .list_metadata(&ListParams::default())
+            .await
+            .map_err(Error::List)?;
+        let names: BTreeSet<String> = quotas
+            .items
+            .iter()
+            .filter_map(|q| q.annotations().get(CLUSTER_ANNOTATION).cloned())
+            .collect();
+        names
+            .into_iter()
+            .map(|name| {
+                let name = ClusterName::new(&name);
+                Ok(Endpoint {
+                    client: self.cluster(&name)?,
+                    name,
+                })
+            })
+            .collect()
+    }
+}
+
+/// `core.kcp.io/v1alpha1` LogicalCluster: one singleton (`cluster`) per logical cluster.
+pub fn logical_cluster_resource() -> ApiResource {
+    ApiResource {
+        group: "core.kcp.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "core.kcp.io/v1alpha1".into(),
+        kind: "LogicalCluster".into(),
+        plural: "logicalclusters".into(),
+    }
+}
+
+/// Which logical clusters to serve: those with a ResourceQuota whose LogicalCluster is not
+/// being deleted. Pure; fed from the two wildcard watches.
+#[derive(Debug, Default)]
+pub struct Membership {
+    quotas: BTreeMap<ClusterName, BTreeSet<(String, String)>>,
+    /// Phase of each known LogicalCluster.
+    phases: BTreeMap<ClusterName, String>,
+    /// LogicalClusters seen deleted (until one appears again).
+    deleted: BTreeSet<ClusterName>,
+    quota_relist: Option<Vec<(ClusterName, String, String)>>,
+    cluster_relist: Option<Vec<(ClusterName, String)>>,
+}
+
+impl Membership {
+    /// A quota exists (or changed).
+    pub fn quota_applied(&mut self, cluster: ClusterName, namespace: &str, name: &str) {
+        self.quotas
+            .entry(cluster)
+            .or_default()
+            .insert((namespace.to_owned(), name.to_owned()));
+    }
+
+    /// A quota was deleted.
+    pub fn quota_deleted(&mut self, cluster: &ClusterName, namespace: &str, name: &str) {
+        if let Some(set) = self.quotas.get_mut(cluster) {
+            set.remove(&(namespace.to_owned(), name.to_owned()));
+            if set.is_empty() {
+                self.quotas.remove(cluster);
+            }
+        }
+    }
+
+    /// The quota watch (re)lists: what it lists replaces what was known.
+    pub fn quotas_listed(&mut self, quotas: impl IntoIterator<Item = (ClusterName, String, String)>) {
+        self.quotas.clear();
+        for (cluster, namespace, name) in quotas {
+            self.quota_applied(cluster, &namespace, &name);
+        }
+    }
+
+    /// A LogicalCluster exists (or changed), in `phase`.
+    pub fn cluster_applied(&mut self, cluster: ClusterName, phase: String) {
+        self.deleted.remove(&cluster);
+        self.phases.insert(cluster, phase);
+    }
+
+    /// A LogicalCluster was deleted.
+    pub fn cluster_deleted(&mut self, cluster: ClusterName) {
+        self.phases.remove(&cluster);
+        self.deleted.insert(cluster);
+    }
+
+    /// The LogicalCluster watch (re)lists: clusters known before and not listed are gone.
+    pub fn clusters_listed(&mut self, clusters: impl IntoIterator<Item = (ClusterName, String)>) {
+        let listed: BTreeMap<ClusterName, String> = clusters.into_iter().collect();
+        for gone in self.phases.keys().filter(|c| !listed.contains_key(*c)) {
+            self.deleted.insert(gone.clone());
+        }
+        self.deleted.retain(|c| !listed.contains_key(c));
+        self.phases = listed;
+    }
+
+    /// The clusters to serve now.
+    pub fn desired(&self) -> BTreeSet<ClusterName> {
+        self.quotas
+            .keys()
+            .filter(|c| !self.deleted.contains(*c))
+            .filter(|c| {
+                !self
+                    .phases
+                    .get(*c)
+                    .is_some_and(|p| p == "Terminating" || p == "Deleting")
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Quotas known in `cluster`.
+    pub fn quotas_in(&self, cluster: &ClusterName) -> usize {
+        self.quotas.get(cluster).map_or(0, BTreeSet::len)
+    }
+
+    fn on_quota(&mut self, event: watcher::Event<PartialObjectMeta<ResourceQuota>>) {
+        let key = |q: &PartialObjectMeta<ResourceQuota>| {
+            let cluster = q.annotations().get(CLUSTER_ANNOTATION)?;
+            Some((
+                ClusterName::new(cluster),
+                q.namespace().unwrap_or_default(),
+                q.name_any(),
+            ))
+        };
+        match event {
+            watcher::Event::Init => self.quota_relist = Some(Vec::new()),
+            watcher::Event::InitApply(q) => {
+                if let (Some(list), Some(k)) = (self.quota_relist.as_mut(), key(&q)) {
+                    list.push(k);
+                }
+            }
+            watcher::Event::InitDone => {
+                let listed = self.quota_relist.take().unwrap_or_default();
+                self.quotas_listed(listed);
+            }
+            watcher::Event::Apply(q) => match key(&q) {
+                Some((c, ns, name)) => self.quota_applied(c, &ns, &name),
+                None => {
+                    warn!(quota = %q.name_any(), "a wildcard ResourceQuota without the kcp.io/cluster annotation; ignored");
+                }
+            },
+            watcher::Event::Delete(q) => {
+                if let Some((c, ns, name)) = key(&q) {
+                    self.quota_deleted(&c, &ns, &name);
+                }
+            }
+        }
+    }
+
+    fn on_cluster(&mut self, event: watcher::Event<DynamicObject>) {
+        let key = |o: &DynamicObject| {
+            let cluster = o.annotations().get(CLUSTER_ANNOTATION)?;
+            let phase = o.data["status"]["phase"].as_str().unwrap_or_default().to_owned();
+            Some((ClusterName::new(cluster), phase))
+        };
+        match event {
+            watcher::Event::Init => self.cluster_relist = Some(Vec::new()),
+            watcher::Event::InitApply(o) => {
+                if let (Some(list), Some(k)) = (self.cluster_relist.as_mut(), key(&o)) {
+                    list.push(k);
+                }
+            }
+            watcher::Event::InitDone => {
+                let listed = self.cluster_relist.take().unwrap_or_default();
+                self.clusters_listed(listed);
+            }
+            watcher::Event::Apply(o) => {
+                if let Some((c, phase)) = key(&o) {
+                    self.cluster_applied(c, phase);
+                }
+            }
+            watcher::Event::Delete(o) => {
+                if let Some((c, _)) = key(&o) {
+                    self.cluster_deleted(c);
+                }
+            }
+        }
+    }
+}
+
+struct Engaged {
+    /// Which engagement (a cluster disengaged and engaged again gets a new one).
+    id: u64,
+    stop: oneshot::Sender<()>,
+    handle: SnapshotHandle,
+}
+
+/// A controller task that ended: its cluster, engagement and result.
+type Finished = (ClusterName, u64, Result<(), controller::Error>);
+
+/// Serves the shard until `shutdown` completes: engages a [`Controller`] for each logical
+/// cluster with a ResourceQuota, disengages it when the last quota or the cluster goes, and
+/// publishes the running controllers' snapshot handles to `controllers`.
+pub async fn run(
+    shard: &Shard,
+    base: &controller::Config,
+    metrics: &Metrics,
+    controllers: &tokio::sync::watch::Sender<Vec<SnapshotHandle>>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
+    let wildcard = shard.wildcard()?;
+    let mut quotas = watcher(
+        Api::<PartialObjectMeta<ResourceQuota>>::all(wildcard.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .boxed();
+    let mut clusters = watcher(
+        Api::<DynamicObject>::all_with(wildcard, &logical_cluster_resource()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .boxed();
+    let mut membership = Membership::default();
+    let mut engaged: BTreeMap<ClusterName, Engaged> = BTreeMap::new();
+    let mut next_id = 0_u64;
+    let mut tasks: FuturesUnordered<JoinHandle<()>> = FuturesUnordered::new();
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<Finished>();
+    let mut shutdown = std::pin::pin!(shutdown);
+    info!(shard = %shard.config.cluster_url, "serving the kcp shard's logical clusters");
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            Some(event) = quotas.next() => match event {
+                Ok(event) => membership.on_quota(event),
+                Err(error) => warn!(%error, "wildcard ResourceQuota watch failed; retrying"),
+            },
+            Some(event) = clusters.next() => match event {
+                Ok(event) => membership.on_cluster(event),
+                Err(error) => warn!(%error, "wildcard LogicalCluster watch failed; retrying"),
+            },
+            Some((cluster, id, result)) = done_rx.recv() => {
+                // A controller that stopped on its own (not disengaged): engage it again.
+                if engaged.get(&cluster).is_some_and(|e| e.id == id) {
+                    warn!(%cluster, ?result, "a logical cluster's controller stopped; restarting it");
+                    engaged.remove(&cluster);
+                }
+            }
+            Some(_) = tasks.next(), if !tasks.is_empty() => {}
+        }
+        let desired = membership.desired();
+        let mut changed = false;
+        for cluster in engaged
+            .keys()
+            .filter(|c| !desired.contains(*c))
+            .cloned()
+            .collect::<Vec<_>>()
+        {
+            if let Some(e) = engaged.remove(&cluster) {
+                info!(%cluster, "no ResourceQuota left (or the logical cluster is going): disengaging");
+                let _ = e.stop.send(());
+                changed = true;
+            }
+        }
+        let new: Vec<ClusterName> = desired.into_iter().filter(|c| !engaged.contains_key(c)).collect();
+        for cluster in new {
+            let client = match shard.cluster(&cluster) {
+                Ok(client) => client,
+                Err(error) => {
+                    warn!(%cluster, %error, "cannot build the logical cluster's client");
+                    continue;
+                }
+            };
+            info!(%cluster, quotas = membership.quotas_in(&cluster), "ResourceQuota found: engaging the logical cluster");
+            let config = controller::Config {
+                cluster: cluster.clone(),
+                kcp: true,
+                ..base.clone()
+            };
+            let (controller, handle) = Controller::new(client, config, metrics.clone());
+            let (stop, stopped) = oneshot::channel::<()>();
+            let done = done_tx.clone();
+            let name = cluster.clone();
+            next_id += 1;
+            let id = next_id;
+            let span = info_span!("cluster", cluster = %cluster);
+            tasks.push(tokio::spawn(
+                async move {
+                    let result = controller
+                        .run(async {
+                            let _ = stopped.await;
+                        })
+                        .await;
+                    let _ = done.send((name, id, result));
+                }
+                .instrument(span),
+            ));
+            engaged.insert(cluster, Engaged { id, stop, handle });
+            changed = true;
+        }
+        if changed {
+            controllers.send_replace(engaged.values().map(|e| e.handle.clone()).collect());
+            metrics.kcp_engaged(engaged.len());
+        }
+    }
+    // Shutdown: every controller drains its writes (each bounds that by 10 s).
+    for (_, e) in std::mem::take(&mut engaged) {
+        let _ = e.stop.send(());
+    }
+    while tasks.next().await.is_some() {}
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(name: &str) -> ClusterName {
+        ClusterName::new(name)
+    }
+
+    #[test]
+    fn a_cluster_is_served_while_it_has_a_quota_and_is_not_going() {
+        let mut m = Membership::default();
+        assert!(m.desired().is_empty());
+        m.cluster_applied(c("a"), "Ready".into());
+        m.cluster_applied(c("b"), "Ready".into());
+        assert!(m.desired().is_empty(), "no quota, no controller");
+        m.quota_applied(c("a"), "ns", "q1");
+        m.quota_applied(c("a"), "ns", "q2");
+        assert_eq!(m.desired(), [c("a")].into());
+        m.quota_deleted(&c("a"), "ns", "q1");
+        assert_eq!(m.desired(), [c("a")].into(), "one quota left");
+        m.quota_deleted(&c("a"), "ns", "q2");
+        assert!(m.desired().is_empty(), "the last quota went");
+
+        m.quota_applied(c("b"), "ns", "q");
+        m.cluster_applied(c("b"), "Terminating".into());
+        assert!(m.desired().is_empty(), "a terminating cluster is let go");
+        m.cluster_applied(c("b"), "Ready".into());
+        assert_eq!(m.desired(), [c("b")].into());
+        m.cluster_deleted(c("b"));
+        assert!(m.desired().is_empty(), "a deleted cluster is let go");
+        // A quota seen before its LogicalCluster (watch order is not guaranteed): served.
+        m.quota_applied(c("new"), "ns", "q");
+        assert_eq!(m.desired(), [c("new")].into());
+    }
+
+    #[test]
+    fn relists_replace_what_was_known() {
+        let mut m = Membership::default();
+        m.clusters_listed([(c("a"), "Ready".into()), (c("b"), "Ready".into())]);
+        m.quotas_listed([
+            (c("a"), "ns".into(), "q".into()),
+            (c("b"), "ns".into(), "q".into()),
+        ]);
+        assert_eq!(m.desired(), [c("a"), c("b")].into());
+        m.quotas_listed([(c("b"), "ns".into(), "q".into())]);
+        assert_eq!(m.desired(), [c("b")].into(), "a's quota is gone after the relist");
+        m.clusters_listed([(c("a"), "Ready".into())]);
+        assert!(m.desired().is_empty(), "b is no longer listed: deleted");
+        m.quotas_listed([
+            (c("a"), "ns".into(), "q".into()),
+            (c("b"), "ns".into(), "q".into()),
+        ]);
+        assert_eq!(m.desired(), [c("a")].into());
+    }
+}
