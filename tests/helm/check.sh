@@ -89,13 +89,16 @@ check "values-all: every optional object and flag" contains "$work/all.yaml" \
   '{{ $labels.resource }}' '{{ $labels.reason }}' \
   'apiGroups: ["apps","batch","example.com"]' "- persistentvolumeclaims" '"0.0.0.0:8080"' \
   "- --metrics-auth" '"delegated"' "name: system:auth-delegator" "scheme: HTTPS" \
-  "scheme: https" "insecureSkipVerify: true" "bearerTokenFile:"
+  "scheme: https" "insecureSkipVerify: true" "bearerTokenFile:" \
+  "secretName: kcp-shard-1" "value: /etc/lazyquota/kcp/kubeconfig"
 check "values-all: leader election off, no wildcard rule" lacks "$work/all.yaml" \
   "- --leader-elect" "kind: Role" 'apiGroups: ["*"]'
 
 check "schema rejects an unknown value" fails_with "'notAValue' not allowed" template --set notAValue=1
 check "schema rejects a bad enum" fails_with "/controller/mode" template --set controller.mode=busy
 check "schema rejects a bad duration" fails_with "/controller/resyncPeriod" template --set controller.resyncPeriod=5min
+check "chart refuses kcp without shard credentials" fails_with "needs kcp.kubeconfigSecret" \
+  template --set kcp.shardURL=https://shard.example:6443
 check "chart refuses 2 writers without leader election" fails_with "needs leaderElection.enabled" \
   template --set leaderElection.enabled=false
 

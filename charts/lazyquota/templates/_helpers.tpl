@@ -125,6 +125,9 @@ The container arguments: the flags of `lazyquota run`.
 Checks of combinations the schema cannot express.
 */}}
 {{- define "lazyquota.validate" -}}
+{{- if and .Values.kcp.shardURL (not .Values.kcp.kubeconfigSecret) }}
+{{- fail "kcp.shardURL needs kcp.kubeconfigSecret: the pod's ServiceAccount is not a kcp identity" }}
+{{- end }}
 {{- if and (not .Values.leaderElection.enabled) (gt (int .Values.replicaCount) 1) (not .Values.shadow) }}
 {{- fail "replicaCount > 1 needs leaderElection.enabled (or shadow: true): two writers of ResourceQuota status would fight" }}
 {{- end }}
