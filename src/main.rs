@@ -105,6 +105,10 @@ struct ClusterArgs {
     /// reviews.
     #[arg(long, value_name = "NAME", default_value = "root", requires = "kcp_shard_url")]
     kcp_home_cluster: String,
+    /// kcp: from this many logical clusters watching a type for counts on, one shared wildcard
+    /// metadata watch serves them all (0: never share).
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    kcp_shared_watch_threshold: usize,
 }
 
 impl ClusterArgs {
@@ -451,7 +455,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         let lock = LeaseLock::new(endpoints[0].client.clone(), namespace, name, &identity, timing);
         info!(%identity, lease = %name, %namespace, cluster = %endpoints[0].name, "waiting for the leader lease");
         run_leader_elected(
-            shard,
+            shard.map(|s| (s, cluster.kcp_shared_watch_threshold)),
             endpoints,
             config,
             metrics,
@@ -463,7 +467,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .await
     } else {
         metrics.leader.set(1);
-        serve(shard, endpoints, &config, &metrics, &controller_tx, stopped).await
+        serve(
+            shard.map(|s| (s, cluster.kcp_shared_watch_threshold)),
+            endpoints,
+            &config,
+            &metrics,
+            &controller_tx,
+            stopped,
+        )
+        .await
     };
     server.abort();
     info!("stopped");
@@ -474,7 +486,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 /// the process with an error (Kubernetes restarts it as a standby): no write happens after.
 #[allow(clippy::too_many_arguments)] // the run's parts, each used once
 async fn run_leader_elected<F, Fut>(
-    shard: Option<Shard>,
+    shard: Option<(Shard, usize)>,
     endpoints: Vec<Endpoint>,
     config: Config,
     metrics: Metrics,
@@ -507,7 +519,7 @@ where
 
 /// Serves the kcp shard, or else the clusters of `endpoints`.
 async fn serve<F, Fut>(
-    shard: Option<Shard>,
+    shard: Option<(Shard, usize)>,
     endpoints: Vec<Endpoint>,
     config: &Config,
     metrics: &Metrics,
@@ -519,7 +531,12 @@ where
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     match shard {
-        Some(shard) => Ok(lazyquota_kube::kcp::run(&shard, config, metrics, controller_tx, stopped()).await?),
+        Some((shard, threshold)) => {
+            Ok(
+                lazyquota_kube::kcp::run(&shard, config, threshold, metrics, controller_tx, stopped())
+                    .await?,
+            )
+        }
         None => run_clusters(endpoints, config, metrics, controller_tx, stopped).await,
     }
 }

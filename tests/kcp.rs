@@ -25,6 +25,9 @@ use lazyquota_testenv::{ControlPlane, Flavor, eventually, kcp::KcpFront, unique_
 
 const WAIT: Duration = Duration::from_secs(30);
 
+/// The tests share the multi-cluster control plane's quotas: one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Open WATCH requests for configmaps that one apiserver reports.
 async fn configmap_watches(client: &Client) -> u64 {
     let request = http::Request::get("/metrics").body(Vec::new()).expect("request");
@@ -99,27 +102,39 @@ async fn namespace_with_configmaps(client: &Client, ns: &str, count: usize) {
     }
 }
 
-fn engaged(metrics: &str) -> Option<u64> {
+fn gauge(metrics: &str, name: &str) -> Option<u64> {
     metrics
         .lines()
-        .find(|l| l.starts_with("lazyquota_kcp_engaged_clusters "))
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+fn engaged(metrics: &str) -> Option<u64> {
+    gauge(metrics, "lazyquota_kcp_engaged_clusters")
+}
+
+/// The three apiservers as logical clusters root, team-a and team-b, each with its
+/// LogicalCluster singleton, and no quota anywhere (see `remove_all_quotas`).
+async fn shard_backends(cp: &ControlPlane) -> BTreeMap<String, Client> {
+    let mut backends = BTreeMap::new();
+    for (name, context) in [
+        ("root", "cluster-0"),
+        ("team-a", "cluster-1"),
+        ("team-b", "cluster-2"),
+    ] {
+        let client = cp.cluster_client(context).await.expect("cluster client");
+        logical_cluster(&client).await;
+        common::remove_all_quotas(&client).await;
+        backends.insert(name.to_owned(), client);
+    }
+    backends
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_logical_cluster_is_served_only_while_it_has_a_quota() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let cp = ControlPlane::get(Flavor::MultiCluster);
-    let names = ["root", "team-a", "team-b"];
-    let mut backends = BTreeMap::new();
-    for (name, context) in names.iter().zip(["cluster-0", "cluster-1", "cluster-2"]) {
-        let client = cp.cluster_client(context).await.expect("cluster client");
-        logical_cluster(&client).await;
-        backends.insert((*name).to_owned(), client);
-    }
-    // The shard starts without quotas (see `remove_all_quotas`).
-    for client in backends.values() {
-        common::remove_all_quotas(client).await;
-    }
+    let backends = shard_backends(cp).await;
     let (root, a, b) = (&backends["root"], &backends["team-a"], &backends["team-b"]);
     let ns = unique_name("kcp");
     namespace_with_configmaps(a, &ns, 3).await;
@@ -232,6 +247,121 @@ async fn a_logical_cluster_is_served_only_while_it_has_a_quota() {
     assert!(root.apiserver_version().await.is_ok(), "root untouched");
     drop(process);
     for client in [a, b] {
+        let _ = Api::<Namespace>::all(client.clone())
+            .delete(&ns, &DeleteParams::default())
+            .await;
+    }
+}
+
+/// With `--kcp-shared-watch-threshold 2`, two logical clusters counting configmaps share one
+/// wildcard watch: counts stay exact through the switch, events reach only their cluster, and
+/// when one cluster leaves the other goes back to a watch of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clusters_share_one_wildcard_watch_from_the_threshold_on() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cp = ControlPlane::get(Flavor::MultiCluster);
+    let backends = shard_backends(cp).await;
+    let (a, b) = (&backends["team-a"], &backends["team-b"]);
+    let ns = unique_name("kcp-shared");
+    namespace_with_configmaps(a, &ns, 3).await;
+    namespace_with_configmaps(b, &ns, 2).await;
+
+    let front = KcpFront::start(backends.clone()).await.expect("kcp front");
+    let kubeconfig = std::env::temp_dir().join(format!("{}.kubeconfig", unique_name("shard")));
+    front.kubeconfig(&kubeconfig).expect("kubeconfig");
+    let process = Lazyquota::start(
+        &kubeconfig,
+        &[
+            "--kcp-shard-url",
+            &front.url(),
+            "--kcp-shared-watch-threshold",
+            "2",
+        ],
+    );
+    let metrics = || async { process.get("/metrics").await.map(|(_, m)| m).unwrap_or_default() };
+    let shared = |n: u64| async move {
+        eventually(WAIT, || async {
+            (gauge(&metrics().await, "lazyquota_kcp_shared_watches") == Some(n)).then_some(())
+        })
+        .await
+    };
+    let quotas = |c: &Client| Api::<ResourceQuota>::namespaced(c.clone(), &ns);
+    let configmaps = |c: &Client| Api::<ConfigMap>::namespaced(c.clone(), &ns);
+    let pp = PostParams::default();
+    let cm = |name: &str| ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    };
+
+    quotas(a)
+        .create(&pp, &quota("q", &[("count/configmaps", "10")]))
+        .await
+        .expect("quota");
+    assert!(
+        used_becomes(&quotas(a), "q", "count/configmaps", "3")
+            .await
+            .is_some(),
+        "own watch first"
+    );
+    assert!(shared(0).await.is_some(), "one cluster: nothing shared");
+
+    quotas(b)
+        .create(&pp, &quota("q", &[("count/configmaps", "10")]))
+        .await
+        .expect("quota");
+    assert!(
+        shared(1).await.is_some(),
+        "two clusters: one shared wildcard watch; log:\n{}",
+        process.log()
+    );
+    assert!(
+        used_becomes(&quotas(b), "q", "count/configmaps", "2")
+            .await
+            .is_some(),
+        "team-b exact"
+    );
+    // Changes through the shared watch reach only their own cluster.
+    configmaps(b).create(&pp, &cm("more")).await.expect("create");
+    configmaps(a)
+        .delete("cm-0", &DeleteParams::default())
+        .await
+        .expect("delete");
+    assert!(
+        used_becomes(&quotas(b), "q", "count/configmaps", "3")
+            .await
+            .is_some(),
+        "team-b counts its new configmap; log:\n{}",
+        process.log()
+    );
+    assert!(
+        used_becomes(&quotas(a), "q", "count/configmaps", "2")
+            .await
+            .is_some(),
+        "team-a its delete"
+    );
+
+    // team-a leaves: team-b is alone again and goes back to a watch of its own.
+    quotas(a)
+        .delete("q", &DeleteParams::default())
+        .await
+        .expect("delete quota");
+    assert!(shared(0).await.is_some(), "below the threshold: not shared");
+    configmaps(b)
+        .delete("more", &DeleteParams::default())
+        .await
+        .expect("delete");
+    assert!(
+        used_becomes(&quotas(b), "q", "count/configmaps", "2")
+            .await
+            .is_some(),
+        "team-b exact on its own watch again"
+    );
+    drop(process);
+    for client in [a, b] {
+        common::remove_all_quotas(client).await;
         let _ = Api::<Namespace>::all(client.clone())
             .delete(&ns, &DeleteParams::default())
             .await;

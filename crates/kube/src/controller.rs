@@ -146,6 +146,7 @@ pub enum Error {
 }
 
 /// One open watch.
+#[allow(clippy::struct_excessive_bools)] // independent facts about one watch
 struct Running {
     id: u64,
     abort: AbortHandle,
@@ -163,6 +164,8 @@ struct Running {
     started: Instant,
     /// Lists (initial and relists) it has started.
     lists: u32,
+    /// Served by the kcp hub's shared wildcard watch (not a watch of its own).
+    shared: bool,
 }
 
 /// What the controller reports to metrics, readiness, `explain` and tests.
@@ -282,6 +285,8 @@ pub struct Controller {
     unavailable_groups: BTreeSet<String>,
     /// (quota, resource) pairs already told, by an Event, that their API group is unavailable.
     told_unavailable: BTreeSet<(QuotaKey, GroupResource)>,
+    /// kcp: the shard's shared wildcard watches.
+    hub: Option<crate::hub::Hub>,
 }
 
 impl Controller {
@@ -320,8 +325,17 @@ impl Controller {
             config,
             unavailable_groups: BTreeSet::new(),
             told_unavailable: BTreeSet::new(),
+            hub: None,
         };
         (controller, SnapshotHandle(tx))
+    }
+
+    /// kcp: count-only watches of types the shard's hub shares come from its shared wildcard
+    /// watch instead of a watch of their own.
+    #[must_use]
+    pub fn with_hub(mut self, hub: crate::hub::Hub) -> Self {
+        self.hub = Some(hub);
+        self
     }
 
     /// Runs until `shutdown` completes; then stops all watches and waits (at most 10 s) for
@@ -347,6 +361,7 @@ impl Controller {
         // After a CRD or APIService change, discovery runs again a few times: a new CRD is
         // served a moment after its object appears.
         let mut discovery_retries: Vec<tokio::time::Instant> = Vec::new();
+        let mut shared_changes = self.hub.as_ref().map(crate::hub::Hub::changes);
         let resync = (!self.config.resync_period.is_zero()).then_some(self.config.resync_period);
         let mut next_resync = resync.map(|p| tokio::time::Instant::now() + p);
         let mut shutdown = std::pin::pin!(shutdown);
@@ -363,6 +378,12 @@ impl Controller {
                     None => break Err(Error::QuotaWatchEnded),
                 },
                 Some((id, item)) = self.streams.next(), if !self.streams.is_empty() => self.on_watch_item(id, item),
+                Ok(()) = async {
+                    match shared_changes.as_mut() {
+                        Some(changes) => changes.changed().await,
+                        None => std::future::pending().await,
+                    }
+                } => self.on_shared_changed(),
                 Some(()) = api_changes.next() => {
                     let now = tokio::time::Instant::now();
                     discovery_retries = [300, 1_000, 3_000, 8_000].iter().map(|ms| now + Duration::from_millis(*ms)).collect();
@@ -677,6 +698,9 @@ impl Controller {
                 self.start_fill(key.clone(), ns);
             }
         }
+        if let Some(hub) = &self.hub {
+            hub.demand(cluster, resource, desired.keys().any(|k| k.need == Need::Count));
+        }
         for (key, namespaces) in desired {
             if !self.watches.contains_key(&key) {
                 self.start_watch(key, namespaces);
@@ -749,13 +773,16 @@ impl Controller {
         };
         self.next_id += 1;
         let id = self.next_id;
-        let (stream, abort) =
-            crate::watch::open(&self.client, &served, &key, self.options, &self.interner, id);
+        let shared = key.need == Need::Count && self.hub.as_ref().is_some_and(|h| h.is_shared(&key.resource));
+        let (stream, abort) = match &self.hub {
+            Some(hub) if shared => hub.subscribe(&served, &key, id),
+            _ => crate::watch::open(&self.client, &served, &key, self.options, &self.interner, id),
+        };
         let kind = store_kind(&key.resource, key.need);
         for ns in &namespaces {
             self.engine.hold(kind, partition(&key, ns));
         }
-        info!(watch = %key, version = %served.version, "watch started");
+        info!(watch = %key, version = %served.version, shared, "watch started");
         self.streams.push(stream);
         self.by_id.insert(id, key.clone());
         let hold_all = self.config.mode == Mode::Eager;
@@ -773,8 +800,26 @@ impl Controller {
                 events: self.metrics.watch_events(&key_label),
                 started: Instant::now(),
                 lists: 0,
+                shared,
             },
         );
+    }
+
+    /// The hub's shared set changed: watches whose source no longer matches restart from the
+    /// other one (a relist, from this controller's view).
+    fn on_shared_changed(&mut self) {
+        let Some(hub) = self.hub.clone() else { return };
+        let moved: BTreeSet<(ClusterName, GroupResource)> = self
+            .watches
+            .iter()
+            .filter(|(k, r)| k.need == Need::Count && r.shared != hub.is_shared(&k.resource))
+            .map(|(k, _)| (k.cluster.clone(), k.resource.clone()))
+            .collect();
+        for (cluster, resource) in moved {
+            info!(resource = %resource.object_count_name(), shared = hub.is_shared(&resource), "switching the watch source");
+            self.stop_watches_of(&cluster, &resource);
+            self.sync_watches(&cluster, &resource);
+        }
     }
 
     fn stop_watch(&mut self, key: &WatchKey) {

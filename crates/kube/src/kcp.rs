@@ -13,8 +13,8 @@
 //! ([`crate::client::Pool`]; with `--transport http2` one connection for the whole shard). The
 //! cluster of every wildcard object is its `kcp.io/cluster` annotation.
 //!
-//! Not done (see docs/design.md): one shared wildcard watch per resource type when many clusters
-//! demand it; each engaged cluster watches its own types.
+//! When at least `shared_threshold` engaged clusters watch a type for counts, one shared
+//! wildcard metadata watch serves them all ([`crate::hub`]).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -35,6 +35,7 @@ use tracing::{Instrument as _, info, info_span, warn};
 use crate::{
     client::{Pool, Transport},
     controller::{self, Controller, SnapshotHandle},
+    hub::Hub,
     metrics::Metrics,
     source::Endpoint,
 };
@@ -296,6 +297,7 @@ type Finished = (ClusterName, u64, Result<(), controller::Error>);
 pub async fn run(
     shard: &Shard,
     base: &controller::Config,
+    shared_threshold: usize,
     metrics: &Metrics,
     controllers: &tokio::sync::watch::Sender<Vec<SnapshotHandle>>,
     shutdown: impl Future<Output = ()>,
@@ -314,6 +316,8 @@ pub async fn run(
     .default_backoff()
     .boxed();
     let mut membership = Membership::default();
+    // 0 disables sharing: every logical cluster watches its types itself.
+    let hub = (shared_threshold > 0).then(|| Hub::start(shard.clone(), shared_threshold, metrics.clone()));
     let mut engaged: BTreeMap<ClusterName, Engaged> = BTreeMap::new();
     let mut next_id = 0_u64;
     let mut tasks: FuturesUnordered<JoinHandle<()>> = FuturesUnordered::new();
@@ -351,6 +355,9 @@ pub async fn run(
             if let Some(e) = engaged.remove(&cluster) {
                 info!(%cluster, "no ResourceQuota left (or the logical cluster is going): disengaging");
                 let _ = e.stop.send(());
+                if let Some(hub) = &hub {
+                    hub.withdraw(&cluster);
+                }
                 changed = true;
             }
         }
@@ -370,6 +377,10 @@ pub async fn run(
                 ..base.clone()
             };
             let (controller, handle) = Controller::new(client, config, metrics.clone());
+            let controller = match &hub {
+                Some(hub) => controller.with_hub(hub.clone()),
+                None => controller,
+            };
             let (stop, stopped) = oneshot::channel::<()>();
             let done = done_tx.clone();
             let name = cluster.clone();

@@ -5,6 +5,7 @@ pub mod client;
 pub mod controller;
 pub mod delegated;
 pub mod discovery;
+pub mod hub;
 pub mod kcp;
 pub mod lease;
 pub mod metrics;

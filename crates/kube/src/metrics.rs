@@ -37,6 +37,7 @@ pub struct Metrics {
     cluster_ready: IntGaugeVec,
     unavailable_groups: IntGaugeVec,
     kcp_engaged: IntGauge,
+    kcp_shared: IntGauge,
     /// 1 while this process leads (or leader election is off), else 0.
     pub leader: IntGauge,
 }
@@ -186,6 +187,11 @@ impl Metrics {
                 "lazyquota_kcp_engaged_clusters",
                 "kcp: logical clusters of the shard served now (those with a ResourceQuota).",
             ),
+            kcp_shared: gauge(
+                &r,
+                "lazyquota_kcp_shared_watches",
+                "kcp: shared wildcard watches running (one per type that enough logical clusters watch).",
+            ),
             unavailable_groups: gauge_vec(
                 &r,
                 "lazyquota_unavailable_api_groups",
@@ -241,6 +247,11 @@ impl Metrics {
     /// kcp: how many logical clusters are served now.
     pub fn kcp_engaged(&self, clusters: usize) {
         self.kcp_engaged.set(i64::try_from(clusters).unwrap_or(i64::MAX));
+    }
+
+    /// kcp: how many shared wildcard watches run now.
+    pub fn kcp_shared_watches(&self, watches: usize) {
+        self.kcp_shared.set(i64::try_from(watches).unwrap_or(i64::MAX));
     }
 
     /// Counts a discovery run.

@@ -231,7 +231,7 @@ fn object_event<K: Resource>(object: &K, project: &impl Fn(&K) -> Projected) -> 
 }
 
 /// A short, bounded label for a watch failure (metrics and Events).
-fn failure_reason(error: &watcher::Error) -> &'static str {
+pub(crate) fn failure_reason(error: &watcher::Error) -> &'static str {
     let api = match error {
         watcher::Error::InitialListFailed(kube::Error::Api(s))
         | watcher::Error::WatchStartFailed(kube::Error::Api(s))
