@@ -22,6 +22,11 @@
     clippy::too_many_lines
 )]
 
+mod common;
+#[allow(dead_code)] // the benchmark uses its HTTP helpers, not the process wrapper
+#[path = "../tests/common/process.rs"]
+mod process;
+
 use std::{
     collections::BTreeMap,
     fmt::Write as _,
@@ -102,26 +107,13 @@ impl Args {
 fn main() {
     let args = Args::parse();
     std::fs::create_dir_all(&args.out).expect("output directory");
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let state = repo.join(".lazyquota/bench-load");
-    eprintln!("load: starting the control plane in {}", state.display());
-    let status = Command::new("bash")
-        .arg(repo.join("tests/control-plane/start.sh"))
-        .env("LAZYQUOTA_CP_DIR", &state)
-        .env("LAZYQUOTA_KCM_QUOTA", "off")
-        .stdout(Stdio::null())
-        .status()
-        .expect("start.sh");
-    assert!(status.success(), "the control plane did not start");
+    let (state, _) = common::start_control_plane("bench-load");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
     let report = runtime.block_on(run(&args, &state));
-    let _ = Command::new("bash")
-        .arg(repo.join("tests/control-plane/stop.sh"))
-        .arg(&state)
-        .status();
+    common::stop_control_plane(&state);
     let path = args.out.join("load.md");
     std::fs::write(&path, &report).expect("write report");
     println!("{report}");
@@ -197,7 +189,7 @@ async fn run(args: &Args, state: &Path) -> String {
     );
 
     // ---- lazyquota, then the quotas --------------------------------------------------------------
-    let port = free_port();
+    let port = process::free_port();
     let log = std::fs::File::create(state.join("logs/lazyquota-load.log")).expect("log");
     let process = Process(
         Command::new(env!("CARGO_BIN_EXE_lazyquota"))
@@ -514,7 +506,10 @@ struct Sample {
 }
 
 async fn sample(port: u16, pid: u32) -> Sample {
-    let metrics = http_get(port, "/metrics").await.unwrap_or_default();
+    let metrics = process::http_get(port, "/metrics")
+        .await
+        .map(|(_, body)| body)
+        .unwrap_or_default();
     let value = |name: &str| -> f64 {
         metrics
             .lines()
@@ -554,26 +549,4 @@ fn slope(points: impl Iterator<Item = (f64, f64)>) -> f64 {
         (a + (x - mx) * (y - my), b + (x - mx) * (x - mx))
     });
     if den == 0.0 { 0.0 } else { num / den }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
-async fn http_get(port: u16, path: &str) -> Option<String> {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.ok()?;
-    let mut response = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut response))
-        .await
-        .ok()?
-        .ok()?;
-    let text = String::from_utf8_lossy(&response).into_owned();
-    text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
 }

@@ -21,6 +21,8 @@
     clippy::type_complexity
 )]
 
+mod common;
+
 use std::{
     collections::BTreeMap,
     fmt::Write as _,
@@ -160,31 +162,13 @@ struct Sample {
 fn main() {
     let args = Args::parse();
     std::fs::create_dir_all(&args.out).expect("output directory");
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let state = repo.join(".lazyquota/bench");
-    eprintln!("scale: starting the control plane in {}", state.display());
-    let status = Command::new("bash")
-        .arg(repo.join("tests/control-plane/start.sh"))
-        .env("LAZYQUOTA_CP_DIR", &state)
-        .env("LAZYQUOTA_KCM_QUOTA", "off")
-        .stdout(Stdio::null())
-        .status()
-        .expect("start.sh");
-    assert!(status.success(), "the control plane did not start");
-    let facts: BTreeMap<String, String> = std::fs::read_to_string(state.join("env"))
-        .expect("facts")
-        .lines()
-        .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
-        .collect();
+    let (state, facts) = common::start_control_plane("bench");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
     let results = runtime.block_on(run(&args, &state, &facts));
-    let _ = Command::new("bash")
-        .arg(repo.join("tests/control-plane/stop.sh"))
-        .arg(&state)
-        .status();
+    common::stop_control_plane(&state);
     write_results(&args, &results);
 }
 

@@ -159,24 +159,30 @@ start_bg etcd "$bin/etcd" \
   --log-level warn
 wait_ready etcd "http://127.0.0.1:$etcd_port/health"
 
-# shellcheck disable=SC2086 # extra args are intentionally word-split
-start_bg kube-apiserver "$bin/kube-apiserver" \
-  --etcd-servers "http://127.0.0.1:$etcd_port" \
-  --bind-address 127.0.0.1 \
-  --advertise-address 127.0.0.1 \
-  --secure-port "$apiserver_port" \
-  --tls-cert-file "$pki/apiserver.crt" \
-  --tls-private-key-file "$pki/apiserver.key" \
-  --client-ca-file "$pki/ca.crt" \
-  --authorization-mode RBAC \
-  --service-account-issuer https://kubernetes.default.svc.cluster.local \
-  --service-account-key-file "$pki/sa.pub" \
-  --service-account-signing-key-file "$pki/sa.key" \
-  --service-cluster-ip-range 10.96.0.0/16 \
-  --allow-privileged=true \
-  ${LAZYQUOTA_APISERVER_ARGS:-}
-wait_ready kube-apiserver "https://127.0.0.1:$apiserver_port/readyz" \
-  --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key"
+start_apiserver() {
+  # start_apiserver NAME PORT [FLAGS...]: a kube-apiserver on etcd, with the shared PKI, ready.
+  local name=$1 port=$2; shift 2
+  # shellcheck disable=SC2086 # extra args are intentionally word-split
+  start_bg "$name" "$bin/kube-apiserver" \
+    --etcd-servers "http://127.0.0.1:$etcd_port" \
+    --bind-address 127.0.0.1 \
+    --advertise-address 127.0.0.1 \
+    --secure-port "$port" \
+    --tls-cert-file "$pki/apiserver.crt" \
+    --tls-private-key-file "$pki/apiserver.key" \
+    --client-ca-file "$pki/ca.crt" \
+    --authorization-mode RBAC \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$pki/sa.pub" \
+    --service-account-signing-key-file "$pki/sa.key" \
+    --service-cluster-ip-range 10.96.0.0/16 \
+    --allow-privileged=true \
+    "$@" \
+    ${LAZYQUOTA_APISERVER_ARGS:-}
+  wait_ready "$name" "https://127.0.0.1:$port/readyz" \
+    --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key"
+}
+start_apiserver kube-apiserver "$apiserver_port"
 
 # More clusters on the same etcd: a kube-apiserver each, with its own key prefix, so the
 # clusters share nothing but etcd's resourceVersion sequence (as kcp's logical clusters on one
@@ -195,24 +201,7 @@ if (( extra_apiservers > 0 )); then
   context: {cluster: cluster-0, user: admin}"
   for i in $(seq 1 "$extra_apiservers"); do
     port=$(free_port)
-    # shellcheck disable=SC2086
-    start_bg "kube-apiserver-$i" "$bin/kube-apiserver" \
-      --etcd-servers "http://127.0.0.1:$etcd_port" \
-      --etcd-prefix "/registry-cluster-$i" \
-      --bind-address 127.0.0.1 \
-      --advertise-address 127.0.0.1 \
-      --secure-port "$port" \
-      --tls-cert-file "$pki/apiserver.crt" \
-      --tls-private-key-file "$pki/apiserver.key" \
-      --client-ca-file "$pki/ca.crt" \
-      --authorization-mode RBAC \
-      --service-account-issuer https://kubernetes.default.svc.cluster.local \
-      --service-account-key-file "$pki/sa.pub" \
-      --service-account-signing-key-file "$pki/sa.key" \
-      --service-cluster-ip-range 10.96.0.0/16 \
-      ${LAZYQUOTA_APISERVER_ARGS:-}
-    wait_ready "kube-apiserver-$i" "https://127.0.0.1:$port/readyz" \
-      --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key"
+    start_apiserver "kube-apiserver-$i" "$port" --etcd-prefix "/registry-cluster-$i"
     echo "- name: cluster-$i" >> "$clusters_kubeconfig.clusters"
     echo "  cluster: {server: 'https://127.0.0.1:$port', certificate-authority: '$pki/ca.crt'}" >> "$clusters_kubeconfig.clusters"
     contexts+="
