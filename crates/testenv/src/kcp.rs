@@ -12,7 +12,9 @@
 //!   on all but the first) and returns one list at that revision; a watch merges the backends'
 //!   watch streams. Every object gets the `kcp.io/cluster` annotation kcp adds. Bookmarks are
 //!   dropped (each backend's would promise only its own progress); any backend's stream ending
-//!   ends the merged one, and the client resumes, as from a shard.
+//!   ends the merged one, and the client resumes, as from a shard. Unlike a shard's, the
+//!   merged stream is not in resourceVersion order across backends, so a resume could skip a
+//!   backend's undelivered older event: tests keep their watches open (no cuts through it).
 //!
 //! Plain HTTP on loopback, no authentication: the backends' own clients carry the credentials.
 
