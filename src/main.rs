@@ -555,7 +555,8 @@ where
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let mut handles = Vec::with_capacity(endpoints.len());
-    let mut tasks = Vec::with_capacity(endpoints.len());
+    // A JoinSet: dropping this future (a lost Lease) aborts every controller at once.
+    let mut tasks = tokio::task::JoinSet::new();
     for Endpoint { name, client } in endpoints {
         let span = info_span!("cluster", cluster = %name);
         let config = Config {
@@ -565,19 +566,20 @@ where
         let (controller, handle) = Controller::new(client, config, metrics.clone());
         handles.push(handle);
         let run: BoxFuture<'static, _> = controller.run(stopped()).instrument(span).boxed();
-        tasks.push(tokio::spawn(run));
+        tasks.spawn(run);
     }
     controller_tx.send_replace(handles);
-    let (first, _, rest) = futures::future::select_all(tasks).await;
-    let outcome = match first {
-        Ok(result) => result.map_err(anyhow::Error::from),
-        Err(error) => Err(anyhow::anyhow!("a controller task failed: {error}")),
+    let outcome = match tasks.join_next().await {
+        Some(Ok(result)) => result.map_err(anyhow::Error::from),
+        Some(Err(error)) => Err(anyhow::anyhow!("a controller task failed: {error}")),
+        None => Ok(()),
     };
-    for task in rest {
-        if outcome.is_err() {
-            task.abort();
-        } else if let Ok(Err(error)) = task.await {
-            // Shutdown: every controller drains its writes; wait for all of them.
+    if outcome.is_err() {
+        tasks.abort_all();
+    }
+    // Shutdown: every controller drains its writes; wait for all of them.
+    while let Some(ended) = tasks.join_next().await {
+        if let Ok(Err(error)) = ended {
             warn!(%error, "controller stopped with an error");
         }
     }

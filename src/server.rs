@@ -141,12 +141,17 @@ impl Admin {
     }
 }
 
-/// Every controller's snapshot; `None` if one has stopped.
-async fn snapshots(admin: &Admin) -> Option<Vec<Snapshot>> {
+/// Every controller's snapshot; `None` if one has stopped (with `skip_stopped`, those are left
+/// out instead: the others' gauges still update).
+async fn snapshots(admin: &Admin, skip_stopped: bool) -> Option<Vec<Snapshot>> {
     let handles = admin.controllers.borrow().clone();
     let mut all = Vec::with_capacity(handles.len());
     for handle in handles {
-        all.push(handle.get().await?);
+        match handle.get().await {
+            Some(snapshot) => all.push(snapshot),
+            None if skip_stopped => {}
+            None => return None,
+        }
     }
     Some(all)
 }
@@ -173,7 +178,7 @@ async fn metrics(State(admin): State<Admin>, headers: HeaderMap) -> Response {
             }
         }
     }
-    if let Some(all) = snapshots(&admin).await
+    if let Some(all) = snapshots(&admin, true).await
         && !all.is_empty()
     {
         admin.metrics.observe_clusters(&all);
@@ -183,8 +188,12 @@ async fn metrics(State(admin): State<Admin>, headers: HeaderMap) -> Response {
 }
 
 async fn readyz(State(admin): State<Admin>) -> (StatusCode, String) {
-    let leading = !admin.controllers.borrow().is_empty();
-    if !leading {
+    let serving = !admin.controllers.borrow().is_empty();
+    if !serving && admin.metrics.leader.get() == 1 {
+        // Leading with nothing to serve: a kcp shard without ResourceQuotas.
+        return (StatusCode::OK, "ok: leading, no cluster with quotas yet\n".into());
+    }
+    if !serving {
         return if *admin.standby_ready.borrow() {
             (StatusCode::OK, "ok: standby\n".into())
         } else {
@@ -194,7 +203,7 @@ async fn readyz(State(admin): State<Admin>) -> (StatusCode, String) {
             )
         };
     }
-    match snapshots(&admin).await {
+    match snapshots(&admin, false).await {
         None => (
             StatusCode::SERVICE_UNAVAILABLE,
             "not ready: controller stopped\n".into(),
@@ -247,7 +256,11 @@ pub async fn serve(
             () = &mut shutdown => return Ok(()),
             accepted = listener.accept() => accepted,
         };
-        let Ok((tcp, _)) = accepted else { continue };
+        let Ok((tcp, _)) = accepted else {
+            // Out of file descriptors, say: do not spin on it.
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            continue;
+        };
         let (acceptor, app) = (acceptor.clone(), app.clone());
         // One task per connection, as axum::serve does; a handshake gets 10 s.
         tokio::spawn(async move {

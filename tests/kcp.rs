@@ -163,6 +163,11 @@ async fn a_logical_cluster_is_served_only_while_it_has_a_quota() {
         process.log()
     );
     assert_eq!(configmap_watches(a).await, baseline[0]);
+    assert_eq!(
+        process.get("/readyz").await.map(|r| r.0),
+        Some(200),
+        "ready while leading a shard without quotas"
+    );
 
     // A quota in team-a: team-a alone is engaged and counts its own objects.
     let quotas = |c: &Client| Api::<ResourceQuota>::namespaced(c.clone(), &ns);

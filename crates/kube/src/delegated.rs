@@ -106,9 +106,11 @@ impl DelegatedAuth {
 
     /// The decision for a request to `path` with this `Authorization` header value.
     pub async fn check(&self, authorization: Option<&str>, path: &str) -> Decision {
+        // The scheme is case-insensitive (RFC 7235).
         let Some(token) = authorization
-            .and_then(|h| h.strip_prefix("Bearer "))
-            .map(str::trim)
+            .and_then(|h| h.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim())
             .filter(|t| !t.is_empty())
         else {
             return Decision::Unauthenticated;

@@ -6,26 +6,34 @@
 //! the whole shard (`<shard>/clusters/*/...`) and hands each controller its share, picked by the
 //! `kcp.io/cluster` annotation (and namespace). Controllers switch when the hub's shared set
 //! changes: they restart their watches of that type, which relists them from the other source.
+//! A type stops being shared only below a lower mark (`threshold - threshold / 4`), so one
+//! cluster coming and going at the threshold does not make every other one relist.
 //!
-//! A controller joining a running shared watch gets its own list of its cluster's objects first
-//! (at resourceVersion L); the shared events that arrive meanwhile are buffered and only those
-//! newer than L are passed on, so nothing is counted twice or missed (resourceVersions of one
-//! shard are comparable across its logical clusters). A relist of the shared watch is a relist
-//! for every subscriber.
+//! A controller subscribing before the shared watch's list has begun is served by that list.
+//! One subscribing later gets its own list of its cluster's objects (at resourceVersion L);
+//! the shared events that arrive meanwhile are buffered and only those newer than L are passed
+//! on, so nothing is counted twice or missed (resourceVersions of one shard are comparable
+//! across its logical clusters; and a shared list begun before the subscription is at or below
+//! L). A failed list is retried with backoff, the buffer kept. A relist of the shared watch is
+//! a relist for every subscriber.
 //!
 //! Costs: one task for the hub; per shared type one watch (one connection over HTTP/1.1) and the
 //! metadata decoding of every event of that type on the shard, also of clusters nobody asked
 //! for — which is why sharing starts at a threshold; per subscriber a channel (and, while it
 //! joins, its buffered events). Nothing is stored: the objects live in each controller's store.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
 
 use futures::{
     StreamExt as _,
+    future::BoxFuture,
     stream::{AbortHandle, BoxStream, FuturesUnordered, SelectAll},
 };
 use kube::{
-    Api, ResourceExt as _,
+    Api, Client, ResourceExt as _,
     api::{DynamicObject, ListParams, PartialObjectMeta},
     runtime::{WatchStreamExt as _, watcher},
 };
@@ -43,20 +51,23 @@ use crate::{
     watch::{ObjectEvent, Tagged, WatchItem, WatchKey, api_resource},
 };
 
-/// A handle on the shard's hub (cheap to clone).
+/// A handle on the shard's hub (cheap to clone), for one engagement of one logical cluster.
 #[derive(Clone)]
 pub struct Hub {
     commands: mpsc::UnboundedSender<Command>,
     shared: watch::Receiver<BTreeSet<GroupResource>>,
+    /// Which engagement this handle speaks for: a cluster disengaged and engaged again is a
+    /// new one, and the old one's late messages must not count for it.
+    engagement: u64,
 }
 
 enum Command {
     Demand {
-        cluster: ClusterName,
+        who: (ClusterName, u64),
         resource: GroupResource,
         on: bool,
     },
-    Withdraw(ClusterName),
+    Withdraw((ClusterName, u64)),
     Subscribe {
         cluster: ClusterName,
         namespace: Option<String>,
@@ -67,28 +78,40 @@ enum Command {
 
 impl Hub {
     /// Starts the hub of `shard` (one task); types are shared from `threshold` clusters on.
-    pub fn start(shard: Shard, threshold: usize, metrics: Metrics) -> Self {
+    pub fn start(shard: Shard, wildcard: Client, threshold: usize, metrics: Metrics) -> Self {
         let (commands, rx) = mpsc::unbounded_channel();
         let (shared_tx, shared_rx) = watch::channel(BTreeSet::new());
-        tokio::spawn(run(shard, threshold.max(1), rx, shared_tx, metrics));
+        tokio::spawn(run(shard, wildcard, threshold.max(1), rx, shared_tx, metrics));
         Self {
             commands,
             shared: shared_rx,
+            engagement: 0,
+        }
+    }
+
+    /// The handle for one engagement of a logical cluster.
+    #[must_use]
+    pub fn for_engagement(&self, engagement: u64) -> Self {
+        Self {
+            engagement,
+            ..self.clone()
         }
     }
 
     /// `cluster` does (`on`) or no longer does watch `resource` for counts.
     pub fn demand(&self, cluster: &ClusterName, resource: &GroupResource, on: bool) {
         let _ = self.commands.send(Command::Demand {
-            cluster: cluster.clone(),
+            who: (cluster.clone(), self.engagement),
             resource: resource.clone(),
             on,
         });
     }
 
-    /// `cluster` is no longer served: all its demand goes.
+    /// This engagement of `cluster` has ended: all its demand goes.
     pub fn withdraw(&self, cluster: &ClusterName) {
-        let _ = self.commands.send(Command::Withdraw(cluster.clone()));
+        let _ = self
+            .commands
+            .send(Command::Withdraw((cluster.clone(), self.engagement)));
     }
 
     /// Whether `resource` is served by a shared watch now.
@@ -124,41 +147,47 @@ impl Hub {
     }
 }
 
-/// Which resources are shared, from the clusters demanding each. Pure.
+/// Which resources are shared, from the logical clusters demanding each. Pure.
 #[derive(Debug, Default)]
 pub struct Demand {
-    clusters: BTreeMap<GroupResource, BTreeSet<ClusterName>>,
+    /// Per resource, the (cluster, engagement) pairs demanding it.
+    demanding: BTreeMap<GroupResource, BTreeSet<(ClusterName, u64)>>,
 }
 
 impl Demand {
     /// Records a change.
-    pub fn set(&mut self, cluster: &ClusterName, resource: &GroupResource, on: bool) {
+    pub fn set(&mut self, who: &(ClusterName, u64), resource: &GroupResource, on: bool) {
         if on {
-            self.clusters
+            self.demanding
                 .entry(resource.clone())
                 .or_default()
-                .insert(cluster.clone());
-        } else if let Some(set) = self.clusters.get_mut(resource) {
-            set.remove(cluster);
+                .insert(who.clone());
+        } else if let Some(set) = self.demanding.get_mut(resource) {
+            set.remove(who);
             if set.is_empty() {
-                self.clusters.remove(resource);
+                self.demanding.remove(resource);
             }
         }
     }
 
-    /// Removes every demand of `cluster`.
-    pub fn withdraw(&mut self, cluster: &ClusterName) {
-        self.clusters.retain(|_, set| {
-            set.remove(cluster);
+    /// Removes every demand of one engagement.
+    pub fn withdraw(&mut self, who: &(ClusterName, u64)) {
+        self.demanding.retain(|_, set| {
+            set.remove(who);
             !set.is_empty()
         });
     }
 
-    /// The resources at least `threshold` clusters demand.
-    pub fn shared(&self, threshold: usize) -> BTreeSet<GroupResource> {
-        self.clusters
+    /// The resources to share: those at least `threshold` clusters demand, and those already
+    /// shared that still have `threshold - threshold / 4` (hysteresis).
+    pub fn shared(&self, threshold: usize, now: &BTreeSet<GroupResource>) -> BTreeSet<GroupResource> {
+        let low = (threshold - threshold / 4).max(1);
+        self.demanding
             .iter()
-            .filter(|(_, set)| set.len() >= threshold)
+            .filter(|(resource, set)| {
+                let clusters = set.iter().map(|(c, _)| c).collect::<BTreeSet<_>>().len();
+                clusters >= threshold || (now.contains(*resource) && clusters >= low)
+            })
             .map(|(r, _)| r.clone())
             .collect()
     }
@@ -170,7 +199,7 @@ enum Phase {
         generation: u64,
         buffer: Vec<(Option<u64>, WatchItem)>,
     },
-    /// Part of a relist of the shared watch in progress.
+    /// Part of a list of the shared watch in progress.
     Relisting,
     /// Receives shared events as they come.
     Live,
@@ -193,14 +222,22 @@ impl Subscriber {
     }
 }
 
+/// A shared watch: one per (resource, version) — controllers of clusters serving another
+/// version of the type subscribe to another one, and a version change empties the old one.
+type SharedKey = (GroupResource, String);
+
 struct Shared {
+    served: ServedResource,
     abort: AbortHandle,
     /// The shared watch is in its first list or a relist.
     listing: bool,
+    /// The current list has begun (its `Init` was passed on): a subscriber arriving now
+    /// missed part of it and lists on its own.
+    init_seen: bool,
     subscribers: Vec<Subscriber>,
 }
 
-type Joined = (GroupResource, u64, kube::Result<(Option<u64>, Vec<ObjectEvent>)>);
+type Joined = (SharedKey, u64, kube::Result<(Option<u64>, Vec<ObjectEvent>)>);
 type MetaEvent = Result<watcher::Event<PartialObjectMeta<DynamicObject>>, watcher::Error>;
 
 fn event_of(object: &PartialObjectMeta<DynamicObject>) -> ObjectEvent {
@@ -215,135 +252,271 @@ fn revision(object: &PartialObjectMeta<DynamicObject>) -> Option<u64> {
     object.resource_version()?.parse().ok()
 }
 
-#[allow(clippy::too_many_lines)] // one select loop over the hub's inputs
+/// The hub's state; its task is a thin loop around it.
+struct State {
+    shard: Shard,
+    wildcard: Client,
+    watches: BTreeMap<SharedKey, Shared>,
+    streams: SelectAll<BoxStream<'static, (SharedKey, MetaEvent)>>,
+    joins: FuturesUnordered<BoxFuture<'static, Joined>>,
+    generation: u64,
+    /// Per-cluster clients for join lists, built once per cluster.
+    clients: BTreeMap<ClusterName, Client>,
+}
+
+impl State {
+    fn subscribe(
+        &mut self,
+        cluster: ClusterName,
+        namespace: Option<String>,
+        served: &ServedResource,
+        sink: mpsc::UnboundedSender<WatchItem>,
+    ) {
+        let key = (served.resource.clone(), served.version.clone());
+        if !self.watches.contains_key(&key) {
+            let api: Api<PartialObjectMeta<DynamicObject>> =
+                Api::all_with(self.wildcard.clone(), &api_resource(served));
+            let (stream, abort) =
+                futures::stream::abortable(watcher(api, watcher::Config::default()).default_backoff());
+            let tag = key.clone();
+            self.streams.push(stream.map(move |e| (tag.clone(), e)).boxed());
+            info!(resource = %served.resource.object_count_name(), version = %served.version, "shared wildcard watch started");
+            self.watches.insert(
+                key.clone(),
+                Shared {
+                    served: served.clone(),
+                    abort,
+                    listing: true,
+                    init_seen: false,
+                    subscribers: Vec::new(),
+                },
+            );
+        }
+        let entry = self.watches.get(&key).expect("inserted above");
+        let phase = if entry.listing && !entry.init_seen {
+            // The shared list has not begun: its Init and objects will come.
+            Phase::Relisting
+        } else {
+            self.generation += 1;
+            let join = self.join(&key, &cluster, namespace.clone(), self.generation, Duration::ZERO);
+            self.joins.push(join);
+            Phase::Joining {
+                generation: self.generation,
+                buffer: Vec::new(),
+            }
+        };
+        if let Some(entry) = self.watches.get_mut(&key) {
+            entry.subscribers.push(Subscriber {
+                cluster,
+                namespace,
+                sink,
+                phase,
+            });
+        }
+    }
+
+    /// Lists one cluster's (namespace's) objects of the shared watch's type for a joining
+    /// subscriber, after `delay`, with the list's resourceVersion.
+    fn join(
+        &mut self,
+        key: &SharedKey,
+        cluster: &ClusterName,
+        namespace: Option<String>,
+        generation: u64,
+        delay: Duration,
+    ) -> BoxFuture<'static, Joined> {
+        let client = match self.clients.get(cluster) {
+            Some(client) => Ok(client.clone()),
+            None => self.shard.cluster(cluster).inspect(|c| {
+                self.clients.insert(cluster.clone(), c.clone());
+            }),
+        };
+        let api_resource = self.watches.get(key).map(|w| api_resource(&w.served));
+        let key = key.clone();
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            let listed = async {
+                let client = client.map_err(|e| kube::Error::Service(Box::new(e)))?;
+                let api_resource =
+                    api_resource.ok_or_else(|| kube::Error::Service("the shared watch is gone".into()))?;
+                let api: Api<PartialObjectMeta<DynamicObject>> = match &namespace {
+                    Some(ns) => Api::namespaced_with(client, ns, &api_resource),
+                    None => Api::all_with(client, &api_resource),
+                };
+                let mut params = ListParams::default().limit(500);
+                let mut objects = Vec::new();
+                let mut at = None;
+                for _ in 0..100_000 {
+                    let page = api.list(&params).await?;
+                    if at.is_none() {
+                        at = page
+                            .metadata
+                            .resource_version
+                            .as_deref()
+                            .and_then(|v| v.parse().ok());
+                    }
+                    objects.extend(page.items.iter().map(event_of));
+                    match page.metadata.continue_ {
+                        Some(token) if !token.is_empty() => params = params.continue_token(&token),
+                        _ => break,
+                    }
+                }
+                Ok((at, objects))
+            }
+            .await;
+            (key, generation, listed)
+        })
+    }
+
+    fn on_event(&mut self, key: &SharedKey, event: MetaEvent) {
+        let Some(entry) = self.watches.get_mut(key) else {
+            return;
+        };
+        match event {
+            Ok(watcher::Event::Init) => {
+                entry.listing = true;
+                entry.init_seen = true;
+                for s in &mut entry.subscribers {
+                    // A joining subscriber's own list is superseded by the relist.
+                    let _ = s.sink.send(WatchItem::Init);
+                    s.phase = Phase::Relisting;
+                }
+            }
+            Ok(watcher::Event::InitApply(o)) => {
+                for s in entry
+                    .subscribers
+                    .iter()
+                    .filter(|s| matches!(s.phase, Phase::Relisting) && s.wants(&o))
+                {
+                    let _ = s.sink.send(WatchItem::InitApply(event_of(&o)));
+                }
+            }
+            Ok(watcher::Event::InitDone) => {
+                entry.listing = false;
+                for s in &mut entry.subscribers {
+                    if matches!(s.phase, Phase::Relisting) {
+                        let _ = s.sink.send(WatchItem::InitDone);
+                        s.phase = Phase::Live;
+                    }
+                }
+            }
+            Ok(watcher::Event::Apply(o)) => route(entry, &o, false),
+            Ok(watcher::Event::Delete(o)) => route(entry, &o, true),
+            Err(error) => {
+                warn!(resource = %key.0.object_count_name(), %error, "shared wildcard watch failed; retrying");
+                let reason = crate::watch::failure_reason(&error);
+                for s in &entry.subscribers {
+                    let _ = s.sink.send(WatchItem::Failed(reason, error.to_string()));
+                }
+            }
+        }
+    }
+
+    fn on_joined(
+        &mut self,
+        key: &SharedKey,
+        generation: u64,
+        listed: kube::Result<(Option<u64>, Vec<ObjectEvent>)>,
+    ) {
+        let Some(entry) = self.watches.get_mut(key) else {
+            return;
+        };
+        let Some(s) = entry
+            .subscribers
+            .iter_mut()
+            .find(|s| matches!(&s.phase, Phase::Joining { generation: g, .. } if *g == generation))
+        else {
+            return; // a relist took it over, or it left
+        };
+        match listed {
+            Ok((at, objects)) => {
+                let _ = s.sink.send(WatchItem::Init);
+                for object in objects {
+                    let _ = s.sink.send(WatchItem::InitApply(object));
+                }
+                let _ = s.sink.send(WatchItem::InitDone);
+                if let Phase::Joining { buffer, .. } = std::mem::replace(&mut s.phase, Phase::Live) {
+                    for (rv, item) in buffer {
+                        // Only what the list did not already see.
+                        if rv.zip(at).is_none_or(|(rv, at)| rv > at) {
+                            let _ = s.sink.send(item);
+                        }
+                    }
+                }
+            }
+            Err(error) => {
+                // Reported like a failing watch, and retried; the buffer is kept.
+                warn!(cluster = %s.cluster, resource = %key.0.object_count_name(), %error, "listing a cluster's share failed; retrying");
+                let _ = s.sink.send(WatchItem::Failed("join_list", error.to_string()));
+                let (cluster, namespace) = (s.cluster.clone(), s.namespace.clone());
+                let join = self.join(key, &cluster, namespace, generation, Duration::from_secs(2));
+                self.joins.push(join);
+            }
+        }
+    }
+
+    /// Drops subscribers that left (their stream was dropped) and the shared watches nobody
+    /// reads any more.
+    fn prune(&mut self) {
+        self.watches.retain(|(resource, version), entry| {
+            entry.subscribers.retain(|s| !s.sink.is_closed());
+            if entry.subscribers.is_empty() {
+                entry.abort.abort();
+                info!(resource = %resource.object_count_name(), %version, "shared wildcard watch stopped");
+                false
+            } else {
+                true
+            }
+        });
+    }
+}
+
 async fn run(
     shard: Shard,
+    wildcard: Client,
     threshold: usize,
     mut commands: mpsc::UnboundedReceiver<Command>,
     shared_tx: watch::Sender<BTreeSet<GroupResource>>,
     metrics: Metrics,
 ) {
     let mut demand = Demand::default();
-    let mut watches: BTreeMap<GroupResource, Shared> = BTreeMap::new();
-    let mut streams: SelectAll<BoxStream<'static, (GroupResource, MetaEvent)>> = SelectAll::new();
-    let mut joins: FuturesUnordered<futures::future::BoxFuture<'static, Joined>> = FuturesUnordered::new();
-    let mut generation = 0_u64;
-    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+    let mut state = State {
+        shard,
+        wildcard,
+        watches: BTreeMap::new(),
+        streams: SelectAll::new(),
+        joins: FuturesUnordered::new(),
+        generation: 0,
+        clients: BTreeMap::new(),
+    };
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
     loop {
         tokio::select! {
             command = commands.recv() => {
                 let Some(command) = command else { break };
                 match command {
-                    Command::Demand { cluster, resource, on } => demand.set(&cluster, &resource, on),
-                    Command::Withdraw(cluster) => demand.withdraw(&cluster),
+                    Command::Demand { who, resource, on } => demand.set(&who, &resource, on),
+                    Command::Withdraw(who) => demand.withdraw(&who),
                     Command::Subscribe { cluster, namespace, served, sink } => {
-                        let resource = served.resource.clone();
-                        let entry = watches.entry(resource.clone()).or_insert_with(|| {
-                            let wildcard = shard.wildcard().expect("the shard's wildcard client was built before");
-                            let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(wildcard, &api_resource(&served));
-                            let tagged = resource.clone();
-                            let (stream, abort) = futures::stream::abortable(
-                                watcher(api, watcher::Config::default()).default_backoff(),
-                            );
-                            streams.push(stream.map(move |e| (tagged.clone(), e)).boxed());
-                            info!(resource = %resource.object_count_name(), "shared wildcard watch started");
-                            Shared { abort, listing: true, subscribers: Vec::new() }
-                        });
-                        let phase = if entry.listing {
-                            // Joins the list in progress (its Init is now).
-                            let _ = sink.send(WatchItem::Init);
-                            Phase::Relisting
-                        } else {
-                            generation += 1;
-                            joins.push(join(&shard, &served, &cluster, namespace.clone(), generation));
-                            Phase::Joining { generation, buffer: Vec::new() }
-                        };
-                        entry.subscribers.push(Subscriber { cluster, namespace, sink, phase });
+                        state.subscribe(cluster, namespace, &served, sink);
                     }
                 }
-                let now_shared = demand.shared(threshold);
+                let now_shared = demand.shared(threshold, &shared_tx.borrow());
                 if *shared_tx.borrow() != now_shared {
                     debug!(shared = ?now_shared, "shared types changed");
                     shared_tx.send_replace(now_shared);
                 }
             }
-            Some((resource, event)) = streams.next(), if !streams.is_empty() => {
-                let Some(entry) = watches.get_mut(&resource) else { continue };
-                match event {
-                    Ok(watcher::Event::Init) => {
-                        entry.listing = true;
-                        for s in &mut entry.subscribers {
-                            let _ = s.sink.send(WatchItem::Init);
-                            s.phase = Phase::Relisting;
-                        }
-                    }
-                    Ok(watcher::Event::InitApply(o)) => {
-                        for s in entry.subscribers.iter().filter(|s| matches!(s.phase, Phase::Relisting) && s.wants(&o)) {
-                            let _ = s.sink.send(WatchItem::InitApply(event_of(&o)));
-                        }
-                    }
-                    Ok(watcher::Event::InitDone) => {
-                        entry.listing = false;
-                        for s in &mut entry.subscribers {
-                            if matches!(s.phase, Phase::Relisting) {
-                                let _ = s.sink.send(WatchItem::InitDone);
-                                s.phase = Phase::Live;
-                            }
-                        }
-                    }
-                    Ok(watcher::Event::Apply(o)) => route(entry, &o, false),
-                    Ok(watcher::Event::Delete(o)) => route(entry, &o, true),
-                    Err(error) => {
-                        warn!(resource = %resource.object_count_name(), %error, "shared wildcard watch failed; retrying");
-                        let reason = crate::watch::failure_reason(&error);
-                        for s in &entry.subscribers {
-                            let _ = s.sink.send(WatchItem::Failed(reason, error.to_string()));
-                        }
-                    }
-                }
+            Some((key, event)) = state.streams.next(), if !state.streams.is_empty() => state.on_event(&key, event),
+            Some((key, generation, listed)) = state.joins.next(), if !state.joins.is_empty() => {
+                state.on_joined(&key, generation, listed);
             }
-            Some((resource, generation, listed)) = joins.next(), if !joins.is_empty() => {
-                let Some(entry) = watches.get_mut(&resource) else { continue };
-                let Some(s) = entry.subscribers.iter_mut().find(|s| matches!(&s.phase, Phase::Joining { generation: g, .. } if *g == generation)) else {
-                    continue; // a relist took it over, or it left
-                };
-                match listed {
-                    Ok((at, objects)) => {
-                        let _ = s.sink.send(WatchItem::Init);
-                        for object in objects {
-                            let _ = s.sink.send(WatchItem::InitApply(object));
-                        }
-                        let _ = s.sink.send(WatchItem::InitDone);
-                        if let Phase::Joining { buffer, .. } = std::mem::replace(&mut s.phase, Phase::Live) {
-                            for (rv, item) in buffer {
-                                // Only what the list did not already see.
-                                if rv.zip(at).is_none_or(|(rv, at)| rv > at) {
-                                    let _ = s.sink.send(item);
-                                }
-                            }
-                        }
-                    }
-                    Err(error) => {
-                        // Reported like a failing watch; the controller restarts it.
-                        let _ = s.sink.send(WatchItem::Failed("join_list", error.to_string()));
-                        s.phase = Phase::Live;
-                    }
-                }
+            _ = tick.tick() => {
+                state.prune();
+                state.clients.retain(|c, _| state.watches.values().any(|w| w.subscribers.iter().any(|s| &s.cluster == c)));
+                metrics.kcp_shared_watches(state.watches.len());
             }
-            _ = tick.tick() => {}
         }
-        // Subscribers that left (their stream was dropped); shared watches nobody reads.
-        watches.retain(|resource, entry| {
-            entry.subscribers.retain(|s| !s.sink.is_closed());
-            if entry.subscribers.is_empty() {
-                entry.abort.abort();
-                info!(resource = %resource.object_count_name(), "shared wildcard watch stopped");
-                false
-            } else {
-                true
-            }
-        });
-        metrics.kcp_shared_watches(watches.len());
     }
 }
 
@@ -367,75 +540,59 @@ fn route(entry: &mut Shared, object: &PartialObjectMeta<DynamicObject>, delete: 
     }
 }
 
-/// Lists one cluster's (namespace's) objects of `served` for a joining subscriber, with the
-/// list's resourceVersion.
-fn join(
-    shard: &Shard,
-    served: &ServedResource,
-    cluster: &ClusterName,
-    namespace: Option<String>,
-    generation: u64,
-) -> futures::future::BoxFuture<'static, Joined> {
-    let resource = served.resource.clone();
-    let client = shard.cluster(cluster);
-    let api_resource = api_resource(served);
-    Box::pin(async move {
-        let listed = async {
-            let client = client.map_err(|e| kube::Error::Service(Box::new(e)))?;
-            let api: Api<PartialObjectMeta<DynamicObject>> = match &namespace {
-                Some(ns) => Api::namespaced_with(client, ns, &api_resource),
-                None => Api::all_with(client, &api_resource),
-            };
-            let mut params = ListParams::default().limit(500);
-            let mut objects = Vec::new();
-            let mut at = None;
-            for _ in 0..100_000 {
-                let page = api.list(&params).await?;
-                if at.is_none() {
-                    at = page
-                        .metadata
-                        .resource_version
-                        .as_deref()
-                        .and_then(|v| v.parse().ok());
-                }
-                objects.extend(page.items.iter().map(event_of));
-                match page.metadata.continue_ {
-                    Some(token) if !token.is_empty() => params = params.continue_token(&token),
-                    _ => break,
-                }
-            }
-            Ok((at, objects))
-        }
-        .await;
-        (resource, generation, listed)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn c(n: &str) -> ClusterName {
-        ClusterName::new(n)
+    fn c(n: &str, e: u64) -> (ClusterName, u64) {
+        (ClusterName::new(n), e)
     }
 
     #[test]
-    fn a_type_is_shared_from_the_threshold_on() {
+    fn a_type_is_shared_from_the_threshold_on_and_kept_down_to_the_low_mark() {
         let widgets = GroupResource::new("example.io", "widgets");
         let pods = GroupResource::core("pods");
         let mut d = Demand::default();
-        d.set(&c("a"), &widgets, true);
-        d.set(&c("b"), &widgets, true);
-        d.set(&c("a"), &pods, true);
-        assert!(d.shared(3).is_empty());
-        d.set(&c("c"), &widgets, true);
-        assert_eq!(d.shared(3), [widgets.clone()].into());
-        d.set(&c("c"), &widgets, true);
-        assert_eq!(d.shared(3), [widgets.clone()].into(), "idempotent");
-        d.withdraw(&c("b"));
-        assert!(d.shared(3).is_empty(), "a cluster leaving drops it below");
-        assert_eq!(d.shared(1), [pods.clone(), widgets.clone()].into());
-        d.set(&c("a"), &pods, false);
-        assert_eq!(d.shared(1), [widgets].into());
+        let none = BTreeSet::new();
+        for i in 0..7 {
+            d.set(&c(&format!("c{i}"), 1), &widgets, true);
+        }
+        d.set(&c("c0", 1), &pods, true);
+        assert!(d.shared(8, &none).is_empty());
+        d.set(&c("c7", 1), &widgets, true);
+        let shared = d.shared(8, &none);
+        assert_eq!(shared, [widgets.clone()].into());
+        d.set(&c("c7", 1), &widgets, true);
+        assert_eq!(d.shared(8, &shared), shared, "idempotent");
+        d.withdraw(&c("c7", 1));
+        d.withdraw(&c("c6", 1));
+        assert_eq!(d.shared(8, &shared), shared, "6 of 8: still above the low mark");
+        d.withdraw(&c("c5", 1));
+        assert!(d.shared(8, &shared).is_empty(), "5: below the low mark (6)");
+        assert_eq!(d.shared(1, &none), [pods.clone(), widgets.clone()].into());
+        d.set(&c("c0", 1), &pods, false);
+        assert_eq!(d.shared(1, &none), [widgets.clone()].into());
+    }
+
+    #[test]
+    fn a_late_message_of_an_old_engagement_does_not_count_for_the_new_one() {
+        let widgets = GroupResource::new("example.io", "widgets");
+        let mut d = Demand::default();
+        let none = BTreeSet::new();
+        d.set(&c("a", 1), &widgets, true);
+        d.set(&c("a", 2), &widgets, true); // engaged again before the old one ended
+        d.withdraw(&c("a", 1));
+        assert_eq!(
+            d.shared(1, &none),
+            [widgets.clone()].into(),
+            "the new engagement still counts"
+        );
+        d.set(&c("b", 1), &widgets, true);
+        d.set(&c("a", 2), &widgets, true);
+        assert!(
+            d.shared(3, &none).is_empty(),
+            "one cluster counts once: 2 clusters"
+        );
+        assert_eq!(d.shared(2, &none), [widgets].into());
     }
 }

@@ -21,7 +21,7 @@ use std::{
     future::Future,
 };
 
-use futures::{StreamExt as _, stream::FuturesUnordered};
+use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::{
     Api, Client, ResourceExt as _,
@@ -29,7 +29,7 @@ use kube::{
     runtime::{WatchStreamExt as _, watcher},
 };
 use lazyquota_index::keys::ClusterName;
-use tokio::{sync::oneshot, task::JoinHandle};
+use tokio::{sync::oneshot, task::JoinSet};
 use tracing::{Instrument as _, info, info_span, warn};
 
 use crate::{
@@ -162,6 +162,9 @@ impl Membership {
             set.remove(&(namespace.to_owned(), name.to_owned()));
             if set.is_empty() {
                 self.quotas.remove(cluster);
+                // Logical cluster names are not reused: forget a deleted one once nothing of
+                // it is left (else workspace churn would grow this set for ever).
+                self.deleted.remove(cluster);
             }
         }
     }
@@ -172,6 +175,7 @@ impl Membership {
         for (cluster, namespace, name) in quotas {
             self.quota_applied(cluster, &namespace, &name);
         }
+        self.deleted.retain(|c| self.quotas.contains_key(c));
     }
 
     /// A LogicalCluster exists (or changed), in `phase`.
@@ -288,12 +292,10 @@ struct Engaged {
     handle: SnapshotHandle,
 }
 
-/// A controller task that ended: its cluster, engagement and result.
-type Finished = (ClusterName, u64, Result<(), controller::Error>);
-
 /// Serves the shard until `shutdown` completes: engages a [`Controller`] for each logical
 /// cluster with a ResourceQuota, disengages it when the last quota or the cluster goes, and
-/// publishes the running controllers' snapshot handles to `controllers`.
+/// publishes the running controllers' snapshot handles to `controllers`. The controllers run in
+/// a `JoinSet`: dropping this future (a lost Lease) aborts them all.
 pub async fn run(
     shard: &Shard,
     base: &controller::Config,
@@ -310,18 +312,20 @@ pub async fn run(
     .default_backoff()
     .boxed();
     let mut clusters = watcher(
-        Api::<DynamicObject>::all_with(wildcard, &logical_cluster_resource()),
+        Api::<DynamicObject>::all_with(wildcard.clone(), &logical_cluster_resource()),
         watcher::Config::default(),
     )
     .default_backoff()
     .boxed();
     let mut membership = Membership::default();
     // 0 disables sharing: every logical cluster watches its types itself.
-    let hub = (shared_threshold > 0).then(|| Hub::start(shard.clone(), shared_threshold, metrics.clone()));
+    let hub = (shared_threshold > 0)
+        .then(|| Hub::start(shard.clone(), wildcard, shared_threshold, metrics.clone()));
     let mut engaged: BTreeMap<ClusterName, Engaged> = BTreeMap::new();
     let mut next_id = 0_u64;
-    let mut tasks: FuturesUnordered<JoinHandle<()>> = FuturesUnordered::new();
-    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<Finished>();
+    // Each task returns its cluster and engagement, however the controller ended (a panic
+    // included: the task's wrapper reports it).
+    let mut tasks: JoinSet<(ClusterName, u64, Result<(), String>)> = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
     info!(shard = %shard.config.cluster_url, "serving the kcp shard's logical clusters");
     loop {
@@ -335,14 +339,20 @@ pub async fn run(
                 Ok(event) => membership.on_cluster(event),
                 Err(error) => warn!(%error, "wildcard LogicalCluster watch failed; retrying"),
             },
-            Some((cluster, id, result)) = done_rx.recv() => {
+            Some(ended) = tasks.join_next(), if !tasks.is_empty() => {
+                let Ok((cluster, id, result)) = ended else { continue };
+                // That engagement can send nothing more: its demand goes now (not at stop,
+                // when it might still be sending).
+                if let Some(hub) = &hub {
+                    hub.for_engagement(id).withdraw(&cluster);
+                }
                 // A controller that stopped on its own (not disengaged): engage it again.
                 if engaged.get(&cluster).is_some_and(|e| e.id == id) {
                     warn!(%cluster, ?result, "a logical cluster's controller stopped; restarting it");
                     engaged.remove(&cluster);
+                    controllers.send_replace(engaged.values().map(|e| e.handle.clone()).collect());
                 }
             }
-            Some(_) = tasks.next(), if !tasks.is_empty() => {}
         }
         let desired = membership.desired();
         let mut changed = false;
@@ -355,9 +365,6 @@ pub async fn run(
             if let Some(e) = engaged.remove(&cluster) {
                 info!(%cluster, "no ResourceQuota left (or the logical cluster is going): disengaging");
                 let _ = e.stop.send(());
-                if let Some(hub) = &hub {
-                    hub.withdraw(&cluster);
-                }
                 changed = true;
             }
         }
@@ -371,6 +378,8 @@ pub async fn run(
                 }
             };
             info!(%cluster, quotas = membership.quotas_in(&cluster), "ResourceQuota found: engaging the logical cluster");
+            next_id += 1;
+            let id = next_id;
             let config = controller::Config {
                 cluster: cluster.clone(),
                 kcp: true,
@@ -378,26 +387,29 @@ pub async fn run(
             };
             let (controller, handle) = Controller::new(client, config, metrics.clone());
             let controller = match &hub {
-                Some(hub) => controller.with_hub(hub.clone()),
+                Some(hub) => controller.with_hub(hub.for_engagement(id)),
                 None => controller,
             };
             let (stop, stopped) = oneshot::channel::<()>();
-            let done = done_tx.clone();
             let name = cluster.clone();
-            next_id += 1;
-            let id = next_id;
             let span = info_span!("cluster", cluster = %cluster);
-            tasks.push(tokio::spawn(
+            let run = tokio::spawn(
                 async move {
-                    let result = controller
+                    controller
                         .run(async {
                             let _ = stopped.await;
                         })
-                        .await;
-                    let _ = done.send((name, id, result));
+                        .await
                 }
                 .instrument(span),
-            ));
+            );
+            tasks.spawn(async move {
+                let result = match run.await {
+                    Ok(result) => result.map_err(|e| e.to_string()),
+                    Err(error) => Err(format!("the controller task failed: {error}")),
+                };
+                (name, id, result)
+            });
             engaged.insert(cluster, Engaged { id, stop, handle });
             changed = true;
         }
@@ -410,7 +422,7 @@ pub async fn run(
     for (_, e) in std::mem::take(&mut engaged) {
         let _ = e.stop.send(());
     }
-    while tasks.next().await.is_some() {}
+    while tasks.join_next().await.is_some() {}
     Ok(())
 }
 

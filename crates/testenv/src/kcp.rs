@@ -264,6 +264,13 @@ async fn wildcard(
         let Ok(mut list) = serde_json::from_slice::<serde_json::Value>(&body) else {
             return text(StatusCode::BAD_GATEWAY, "backend list is not JSON");
         };
+        // A list (`...List`, its items null when empty); a named object is not served here.
+        if !list["kind"].as_str().is_some_and(|k| k.ends_with("List")) {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "the wildcard serves collections only (list and watch)",
+            );
+        }
         if revision.is_empty() {
             list["metadata"]["resourceVersion"]
                 .as_str()
@@ -331,6 +338,9 @@ async fn merged_watch(
                         let Ok(mut event) = serde_json::from_slice::<serde_json::Value>(&line) else {
                             continue;
                         };
+                        if !event.is_object() || !event["object"].is_object() {
+                            continue;
+                        }
                         match event["type"].as_str() {
                             Some("BOOKMARK") => continue,
                             Some("ERROR") => {}
@@ -368,10 +378,15 @@ fn frames(
     rx: tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, BoxError>>,
     end: tokio::sync::oneshot::Receiver<()>,
 ) -> impl futures::Stream<Item = Result<Frame<Bytes>, BoxError>> + Send + 'static {
-    futures::stream::unfold((rx, end), |(mut rx, mut end)| async move {
+    futures::stream::unfold((rx, end, false), |(mut rx, mut end, ended)| async move {
+        if ended {
+            // Drain what the backends sent before one of them ended.
+            return rx.try_recv().ok().map(|i| (i, (rx, end, true)));
+        }
         tokio::select! {
-            item = rx.recv() => item.map(|i| (i, (rx, end))),
-            _ = &mut end => None,
+            biased;
+            item = rx.recv() => item.map(|i| (i, (rx, end, false))),
+            _ = &mut end => rx.try_recv().ok().map(|i| (i, (rx, end, true))),
         }
     })
 }
