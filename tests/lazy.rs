@@ -365,18 +365,11 @@ async fn a_crd_with_a_broken_conversion_webhook_withholds_only_its_key() {
             .is_some_and(|u| u.contains_key(&key)),
         "its key is withheld, not counted as 0 (failure: {failing})"
     );
-    let events = ns.api::<k8s_openapi::api::events::v1::Event>();
-    let event = eventually(WAIT, || async {
-        let list = events.list(&kube::api::ListParams::default()).await.ok()?;
-        list.items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("ResourceUnavailable"))
-    })
-    .await
-    .expect("a ResourceUnavailable Event");
     assert!(
-        event.note.unwrap_or_default().contains("brokens"),
-        "the Event names the resource"
+        common::event_with(&ns, "ResourceUnavailable", "brokens", WAIT)
+            .await
+            .is_some(),
+        "a ResourceUnavailable Event names the resource"
     );
 
     common::create_configmap(&ns, "more").await;
@@ -582,15 +575,7 @@ async fn an_unavailable_apiservice_holds_only_its_keys() {
         .await
         .expect("store a previous value");
 
-    let events = ns.api::<k8s_openapi::api::events::v1::Event>();
-    let event = eventually(Duration::from_secs(60), || async {
-        let list = events.list(&kube::api::ListParams::default()).await.ok()?;
-        list.items.into_iter().find(|e| {
-            e.reason.as_deref() == Some("ResourceUnavailable")
-                && e.note.as_deref().is_some_and(|n| n.contains(group.as_str()))
-        })
-    })
-    .await;
+    let event = common::event_with(&ns, "ResourceUnavailable", &group, Duration::from_secs(60)).await;
     assert!(event.is_some(), "an Event names the unavailable group");
     let reported = snapshots.get().await.expect("controller").unavailable_groups;
     assert!(reported.contains(&group), "the group is reported: {reported:?}");
@@ -663,32 +648,19 @@ async fn a_quota_that_got_past_validation_is_reported_and_isolated() {
         .expect("curl");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 
-    let events = ns.api::<k8s_openapi::api::events::v1::Event>();
-    let event = eventually(WAIT, || async {
-        let list = events.list(&kube::api::ListParams::default()).await.ok()?;
-        list.items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("InvalidSpec"))
-    })
-    .await
-    .expect("an InvalidSpec Event on the bad quota");
     assert!(
-        event.note.unwrap_or_default().contains("Bogus"),
-        "the Event names the scope"
+        common::event_with(&ns, "InvalidSpec", "Bogus", WAIT)
+            .await
+            .is_some(),
+        "an InvalidSpec Event on the bad quota names the scope"
     );
     // status.hard copies spec.hard, so the apiserver refuses any status for it (as it would
     // KCM's): reported on the quota, retried with backoff, nothing else held up.
-    let rejected = eventually(WAIT, || async {
-        let list = events.list(&kube::api::ListParams::default()).await.ok()?;
-        list.items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("StatusRejected"))
-    })
-    .await
-    .expect("a StatusRejected Event");
     assert!(
-        rejected.note.unwrap_or_default().contains("Not A Name!"),
-        "it names the key"
+        common::event_with(&ns, "StatusRejected", "Not A Name!", WAIT)
+            .await
+            .is_some(),
+        "a StatusRejected Event names the key"
     );
     common::create_configmap(&ns, "more").await;
     used_becomes(&quotas, "good", "count/configmaps", "2")

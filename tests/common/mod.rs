@@ -342,3 +342,21 @@ pub async fn remove_all_quotas(client: &Client) {
             .await;
     }
 }
+
+/// The first Event in `ns` with `reason` whose note contains `note`, once there is one (None:
+/// gave up after `wait`).
+pub async fn event_with(
+    ns: &lazyquota_testenv::TestNamespace,
+    reason: &str,
+    note: &str,
+    wait: Duration,
+) -> Option<k8s_openapi::api::events::v1::Event> {
+    let events = ns.api::<k8s_openapi::api::events::v1::Event>();
+    eventually(wait, || async {
+        let list = events.list(&kube::api::ListParams::default()).await.ok()?;
+        list.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some(reason) && e.note.as_deref().is_some_and(|n| n.contains(note))
+        })
+    })
+    .await
+}
