@@ -14,12 +14,22 @@ phase() {
   "$@"
   phases+=("$(printf '%-28s %5d s' "$name" $((SECONDS - start)))")
 }
+# Every control plane and kcp shard the tests may have started (crates/testenv). A stop that
+# fails is reported, not hidden: a server left running would skew the next run.
+stop_all() {
+  local flavour
+  for flavour in kcm-quota lazyquota-only multi-cluster compacting; do
+    bash tests/control-plane/stop.sh ".lazyquota/testenv-$flavour" >/dev/null ||
+      echo "warning: stopping the $flavour control plane failed" >&2
+  done
+  for flavour in kcp-quota kcp-lazyquota-only; do
+    bash tests/control-plane/kcp/stop.sh ".lazyquota/testenv-$flavour" >/dev/null ||
+      echo "warning: stopping the $flavour kcp shard failed" >&2
+  done
+}
 report() {
   local rc=$?
-  bash tests/control-plane/stop.sh .lazyquota/testenv-kcm-quota >/dev/null 2>&1 || true
-  bash tests/control-plane/stop.sh .lazyquota/testenv-lazyquota-only >/dev/null 2>&1 || true
-  bash tests/control-plane/stop.sh .lazyquota/testenv-multi-cluster >/dev/null 2>&1 || true
-  bash tests/control-plane/stop.sh .lazyquota/testenv-compacting >/dev/null 2>&1 || true
+  stop_all
   printf '\n==> phase times\n' >&2
   for p in "${phases[@]}"; do printf '  %s\n' "$p" >&2; done
   exit $rc
@@ -27,11 +37,8 @@ report() {
 trap report EXIT
 
 # Control planes left over from an interrupted run would be reused only if healthy; start clean.
-bash tests/control-plane/stop.sh .lazyquota/testenv-kcm-quota >/dev/null 2>&1 || true
-bash tests/control-plane/stop.sh .lazyquota/testenv-lazyquota-only >/dev/null 2>&1 || true
-bash tests/control-plane/stop.sh .lazyquota/testenv-multi-cluster >/dev/null 2>&1 || true
-bash tests/control-plane/stop.sh .lazyquota/testenv-compacting >/dev/null 2>&1 || true
-rm -rf .lazyquota/testenv-kcm-quota .lazyquota/testenv-lazyquota-only .lazyquota/testenv-multi-cluster .lazyquota/testenv-compacting
+stop_all
+rm -rf .lazyquota/testenv-*
 
 phase "format check" cargo fmt --all -- --check
 phase "control plane build" bash tests/control-plane/build.sh >/dev/null

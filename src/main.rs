@@ -365,6 +365,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         Some(shard) => vec![Endpoint {
             name: ClusterName::new(&cluster.kcp_home_cluster),
             client: shard.cluster(&ClusterName::new(&cluster.kcp_home_cluster))?,
+            workspace: None,
         }],
         None => cluster.source()?.connect(transport).await?,
     };
@@ -557,7 +558,7 @@ where
     let mut handles = Vec::with_capacity(endpoints.len());
     // A JoinSet: dropping this future (a lost Lease) aborts every controller at once.
     let mut tasks = tokio::task::JoinSet::new();
-    for Endpoint { name, client } in endpoints {
+    for Endpoint { name, client, .. } in endpoints {
         let span = info_span!("cluster", cluster = %name);
         let config = Config {
             cluster: name,
@@ -604,20 +605,32 @@ async fn usage(args: UsageArgs) -> anyhow::Result<()> {
     } = args;
     let endpoints = cluster.endpoints().await?;
     let mut report = Vec::new();
-    for Endpoint { name, client } in &endpoints {
+    for Endpoint {
+        name,
+        client,
+        workspace,
+    } in &endpoints
+    {
         let quotas = report::usage(client, name, namespace.as_deref(), FeatureGates::default())
             .await
             .with_context(|| in_cluster(&endpoints, name))?;
-        report.extend(quotas);
+        report.extend(quotas.into_iter().map(|q| report::QuotaUsage {
+            workspace: workspace.clone(),
+            ..q
+        }));
     }
     if output == Output::Json {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
-    // The cluster column only when there is more than one.
+    // The cluster column only when there is more than one; the workspace path next to it on kcp.
     let many = endpoints.len() > 1;
+    let workspaces = endpoints.iter().any(|e| e.workspace.is_some());
     let mut header = vec!["NAMESPACE", "QUOTA", "KEY", "HARD", "USED", "STORED", ""];
-    if many {
+    if workspaces {
+        header.insert(0, "WORKSPACE");
+    }
+    if many || workspaces {
         header.insert(0, "CLUSTER");
     }
     let mut rows = vec![header.into_iter().map(String::from).collect::<Vec<_>>()];
@@ -636,7 +649,10 @@ async fn usage(args: UsageArgs) -> anyhow::Result<()> {
                     String::new()
                 },
             ];
-            if many {
+            if workspaces {
+                row.insert(0, quota.workspace.clone().unwrap_or_else(|| "-".into()));
+            }
+            if many || workspaces {
                 row.insert(0, quota.cluster.clone());
             }
             rows.push(row);
@@ -663,11 +679,19 @@ async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     } = args;
     let endpoints = cluster.endpoints().await?;
     let mut reports = Vec::with_capacity(endpoints.len());
-    for Endpoint { name, client } in &endpoints {
+    for Endpoint {
+        name,
+        client,
+        workspace,
+    } in &endpoints
+    {
         let report = report::explain(client, name, namespace_watch_threshold, FeatureGates::default())
             .await
             .with_context(|| in_cluster(&endpoints, name))?;
-        reports.push(report);
+        reports.push(report::Explain {
+            workspace: workspace.clone(),
+            ..report
+        });
     }
     if output == Output::Json {
         // One report per cluster, always a list.
@@ -684,8 +708,13 @@ async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
 }
 
 fn print_explain(report: &report::Explain) {
+    let workspace = report
+        .workspace
+        .as_ref()
+        .map(|w| format!(" (workspace {w})"))
+        .unwrap_or_default();
     println!(
-        "cluster {}: {} resource type(s) demanded",
+        "cluster {}{workspace}: {} resource type(s) demanded",
         report.cluster,
         report.resources.len()
     );

@@ -1,99 +1,122 @@
-//! lazyquota's kcp source against a kcp-shaped front (`lazyquota_testenv::kcp::KcpFront`) over
-//! the three kube-apiservers of the multi-cluster control plane — **not kcp itself**, which
-//! cannot be built here (`tests/control-plane/kcp/build.sh`). The front serves `/clusters/<name>/`
-//! and the wildcard `/clusters/*/` (list and watch, objects annotated with `kcp.io/cluster`)
-//! as a shard does; each apiserver holds one logical cluster with a LogicalCluster singleton.
+//! lazyquota's kcp source against a **real kcp shard** (kcp v0.32.3 built from source by
+//! `tests/control-plane/kcp/build.sh`, started on loopback by `lazyquota_testenv::kcp`).
 //!
-//! Checked: a logical cluster is served only while it has a ResourceQuota (and its
-//! LogicalCluster is not deleted), each cluster's status is its own, watches exist only in
-//! engaged clusters for the types their quotas constrain, and `explain` names the clusters.
+//! Workspaces are made through the tenancy API, types are bound through APIExports and
+//! APIBindings (with identity hashes), and lazyquota runs with `--kcp-shard-url` as a user would
+//! deploy it: one process per shard, wildcard watches with the shard admin's credentials.
+//!
+//! Two shards: [`KcpFlavor::LazyquotaOnly`] (kcp's quota controller off, so lazyquota is the only
+//! writer and kcp's quota admission enforces what it writes) and [`KcpFlavor::OwnQuota`] (kcp's
+//! own controller on, for shadow mode next to it). Tests on one shard run one at a time: each
+//! starts from a shard without ResourceQuotas, so the clusters lazyquota engages are its own.
 
 mod common;
 
 use std::{collections::BTreeMap, time::Duration};
 
 use common::{process::Lazyquota, quota, used_becomes};
-use k8s_openapi::{
-    api::core::v1::{ConfigMap, Namespace, ResourceQuota},
-    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ResourceQuota};
 use kube::{
-    Api, Client,
-    api::{DeleteParams, DynamicObject, ObjectMeta, PostParams},
+    Api, Client, ResourceExt as _,
+    api::{DeleteParams, DynamicObject, ListParams, ObjectMeta, PostParams},
 };
-use lazyquota_testenv::{ControlPlane, Flavor, eventually, kcp::KcpFront, unique_name};
+use lazyquota_testenv::{
+    eventually,
+    kcp::{CLUSTER_ANNOTATION, ExportedType, KcpFlavor, KcpShard, Workspace, workspace_resource},
+    unique_name,
+};
 
-const WAIT: Duration = Duration::from_secs(30);
+const WAIT: Duration = Duration::from_secs(60);
 
-/// The tests share the multi-cluster control plane's quotas: one at a time.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// Tests of one shard share its quotas: one at a time per shard.
+static LAZYQUOTA_ONLY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+static OWN_QUOTA: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Open WATCH requests for configmaps that one apiserver reports.
-async fn configmap_watches(client: &Client) -> u64 {
-    let request = http::Request::get("/metrics").body(Vec::new()).expect("request");
-    let metrics = client.request_text(request).await.expect("apiserver /metrics");
+fn gauge(metrics: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Open WATCH requests for `resource` the shard itself reports (kcp's own informers included:
+/// compare before and after).
+async fn shard_watches(shard: &KcpShard, resource: &str) -> u64 {
+    let metrics = shard.metrics().await.expect("kcp /metrics");
     metrics
         .lines()
         .filter(|l| l.starts_with("apiserver_longrunning_requests{"))
-        .filter(|l| {
-            l.contains("group=\"\"") && l.contains("resource=\"configmaps\"") && l.contains("verb=\"WATCH\"")
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .filter(|l| l.contains(&format!("resource=\"{resource}\"")) && l.contains("verb=\"WATCH\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
         .sum()
 }
 
-/// The LogicalCluster CRD and its singleton `cluster` (phase Ready), as kcp has in every
-/// logical cluster.
-async fn logical_cluster(client: &Client) {
-    let crd: CustomResourceDefinition = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "logicalclusters.core.kcp.io"},
-        "spec": {
-            "group": "core.kcp.io", "scope": "Cluster",
-            "names": {"plural": "logicalclusters", "singular": "logicalcluster", "kind": "LogicalCluster"},
-            "versions": [{"name": "v1alpha1", "served": true, "storage": true,
-                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]
-        }
-    }))
-    .expect("crd");
-    let _ = Api::<CustomResourceDefinition>::all(client.clone())
-        .create(&PostParams::default(), &crd)
-        .await;
-    let resource = lazyquota_kube::kcp::logical_cluster_resource();
-    let object: DynamicObject = serde_json::from_value(serde_json::json!({
-        "apiVersion": "core.kcp.io/v1alpha1", "kind": "LogicalCluster",
-        "metadata": {"name": "cluster"},
-        "status": {"phase": "Ready"}
-    }))
-    .expect("object");
-    let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
-    let created = eventually(WAIT, || async {
-        match api.create(&PostParams::default(), &object).await {
-            Ok(_) => Some(()),
-            Err(kube::Error::Api(s)) if s.code == 409 => Some(()),
-            Err(_) => None, // the CRD is not served yet
-        }
+/// Deletes every ResourceQuota on the shard (a wildcard list, deletes per logical cluster).
+async fn remove_all_quotas(shard: &KcpShard) {
+    let all = Api::<ResourceQuota>::all(shard.client("*").await.expect("wildcard client"));
+    let quotas = all
+        .list_metadata(&ListParams::default())
+        .await
+        .expect("wildcard list");
+    for q in quotas.items {
+        let Some(cluster) = q.annotations().get(CLUSTER_ANNOTATION) else {
+            continue;
+        };
+        let client = shard.client(cluster).await.expect("cluster client");
+        let _ = Api::<ResourceQuota>::namespaced(client, &q.namespace().unwrap_or_default())
+            .delete(&q.name_any(), &DeleteParams::default())
+            .await;
+    }
+    let gone = eventually(WAIT, || async {
+        all.list_metadata(&ListParams::default())
+            .await
+            .ok()
+            .filter(|l| l.items.is_empty())
+            .map(|_| ())
     })
     .await;
-    assert!(created.is_some(), "LogicalCluster singleton");
+    assert!(gone.is_some(), "quotas of earlier tests removed");
 }
 
-async fn namespace_with_configmaps(client: &Client, ns: &str, count: usize) {
-    let namespace = Namespace {
+async fn namespace(client: &Client, name: &str) {
+    let ns = Namespace {
         metadata: ObjectMeta {
-            name: Some(ns.into()),
+            name: Some(name.into()),
             ..ObjectMeta::default()
         },
         ..Namespace::default()
     };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &namespace)
+    match Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
         .await
-        .expect("namespace");
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("namespace {name}: {e}"),
+    }
+}
+
+async fn create_objects(client: &Client, ty: &ExportedType, ns: &str, names: &[&str]) {
+    let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ty.resource());
+    for name in names {
+        let object: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": format!("{}/{}", ty.group, ty.version), "kind": ty.kind,
+            "metadata": {"name": name},
+        }))
+        .expect("object");
+        api.create(&PostParams::default(), &object)
+            .await
+            .unwrap_or_else(|e| panic!("create {} {name}: {e}", ty.plural));
+    }
+}
+
+async fn create_configmaps(client: &Client, ns: &str, count: usize, prefix: &str) {
     let api = Api::<ConfigMap>::namespaced(client.clone(), ns);
     for i in 0..count {
         let cm = ConfigMap {
             metadata: ObjectMeta {
-                name: Some(format!("cm-{i}")),
+                name: Some(format!("{prefix}-{i}")),
                 ..ObjectMeta::default()
             },
             ..ConfigMap::default()
@@ -102,273 +125,242 @@ async fn namespace_with_configmaps(client: &Client, ns: &str, count: usize) {
     }
 }
 
-fn gauge(metrics: &str, name: &str) -> Option<u64> {
-    metrics
-        .lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-}
-
-fn engaged(metrics: &str) -> Option<u64> {
-    gauge(metrics, "lazyquota_kcp_engaged_clusters")
-}
-
-/// The three apiservers as logical clusters root, team-a and team-b, each with its
-/// LogicalCluster singleton, and no quota anywhere (see `remove_all_quotas`).
-async fn shard_backends(cp: &ControlPlane) -> BTreeMap<String, Client> {
-    let mut backends = BTreeMap::new();
-    for (name, context) in [
-        ("root", "cluster-0"),
-        ("team-a", "cluster-1"),
-        ("team-b", "cluster-2"),
-    ] {
-        let client = cp.cluster_client(context).await.expect("cluster client");
-        logical_cluster(&client).await;
-        common::remove_all_quotas(&client).await;
-        backends.insert(name.to_owned(), client);
-    }
-    backends
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_logical_cluster_is_served_only_while_it_has_a_quota() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let cp = ControlPlane::get(Flavor::MultiCluster);
-    let backends = shard_backends(cp).await;
-    let (root, a, b) = (&backends["root"], &backends["team-a"], &backends["team-b"]);
-    let ns = unique_name("kcp");
-    namespace_with_configmaps(a, &ns, 3).await;
-    namespace_with_configmaps(b, &ns, 2).await;
-    let baseline = [configmap_watches(a).await, configmap_watches(b).await];
-
-    let front = KcpFront::start(backends.clone()).await.expect("kcp front");
+/// `lazyquota run --kcp-shard-url <shard>` with the shard admin's credentials.
+fn run_on(shard: &KcpShard, extra: &[&str]) -> Lazyquota {
     let kubeconfig = std::env::temp_dir().join(format!("{}.kubeconfig", unique_name("shard")));
-    front.kubeconfig(&kubeconfig).expect("kubeconfig");
-    let process = Lazyquota::start(
-        &kubeconfig,
-        &["--kcp-shard-url", &front.url(), "--discovery-poll", "30s"],
-    );
-    let metrics = || async { process.get("/metrics").await.map(|(_, m)| m).unwrap_or_default() };
-    let serving = |n: u64| async move {
-        eventually(WAIT, || async {
-            (engaged(&metrics().await) == Some(n)).then_some(())
-        })
-        .await
-    };
+    shard.shard_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let mut args = vec!["--kcp-shard-url", shard.url()];
+    args.extend_from_slice(extra);
+    Lazyquota::start(&kubeconfig, &args)
+}
 
-    // No quota anywhere: no logical cluster is served, nothing is watched.
-    assert!(
-        serving(0).await.is_some(),
-        "nothing served yet; log:\n{}",
-        process.log()
-    );
-    assert_eq!(configmap_watches(a).await, baseline[0]);
-    assert_eq!(
-        process.get("/readyz").await.map(|r| r.0),
-        Some(200),
-        "ready while leading a shard without quotas"
-    );
-
-    // A quota in team-a: team-a alone is engaged and counts its own objects.
-    let quotas = |c: &Client| Api::<ResourceQuota>::namespaced(c.clone(), &ns);
-    quotas(a)
-        .create(&PostParams::default(), &quota("q", &[("count/configmaps", "10")]))
-        .await
-        .expect("quota");
-    assert!(
-        used_becomes(&quotas(a), "q", "count/configmaps", "3")
-            .await
-            .is_some(),
-        "team-a's quota counts team-a's configmaps; log:\n{}",
-        process.log()
-    );
-    assert!(serving(1).await.is_some(), "one logical cluster served");
-    let watched = eventually(WAIT, || async {
-        (configmap_watches(a).await == baseline[0] + 1 && configmap_watches(b).await == baseline[1])
-            .then_some(())
-    })
-    .await;
-    assert!(watched.is_some(), "a configmaps watch in team-a only");
-
-    // team-b gets a quota: engaged too, with its own count.
-    quotas(b)
-        .create(&PostParams::default(), &quota("q", &[("count/configmaps", "10")]))
-        .await
-        .expect("quota");
-    assert!(
-        used_becomes(&quotas(b), "q", "count/configmaps", "2")
-            .await
-            .is_some(),
-        "team-b's own count"
-    );
-    assert!(serving(2).await.is_some(), "two logical clusters served");
-
-    // explain over the shard names the clusters that have quotas.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lazyquota"))
+fn lazyquota_cli(shard: &KcpShard, args: &[&str]) -> std::process::Output {
+    let kubeconfig = std::env::temp_dir().join(format!("{}.kubeconfig", unique_name("shard")));
+    shard.shard_kubeconfig(&kubeconfig).expect("kubeconfig");
+    std::process::Command::new(env!("CARGO_BIN_EXE_lazyquota"))
+        .args(args)
         .args([
-            "explain",
             "--kubeconfig",
             kubeconfig.to_str().unwrap(),
             "--kcp-shard-url",
-            &front.url(),
-            "-o",
-            "json",
+            shard.url(),
         ])
         .output()
-        .expect("explain");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let explain: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    let clusters: Vec<&str> = explain
-        .as_array()
-        .expect("list")
-        .iter()
-        .filter_map(|r| r["cluster"].as_str())
-        .collect();
-    assert_eq!(clusters, ["team-a", "team-b"]);
-
-    // team-a's last quota goes: team-a is let go and its watch stops.
-    quotas(a)
-        .delete("q", &DeleteParams::default())
-        .await
-        .expect("delete quota");
-    assert!(serving(1).await.is_some(), "team-a disengaged");
-    let released = eventually(WAIT, || async {
-        (configmap_watches(a).await == baseline[0]).then_some(())
-    })
-    .await;
-    assert!(released.is_some(), "team-a's configmaps watch stopped");
-
-    // team-b's LogicalCluster is deleted: team-b is let go although its quota is still there.
-    Api::<DynamicObject>::all_with(b.clone(), &lazyquota_kube::kcp::logical_cluster_resource())
-        .delete("cluster", &DeleteParams::default())
-        .await
-        .expect("delete LogicalCluster");
-    assert!(
-        serving(0).await.is_some(),
-        "team-b disengaged with its LogicalCluster"
-    );
-    logical_cluster(b).await;
-    assert!(serving(1).await.is_some(), "and served again when it comes back");
-    assert!(root.apiserver_version().await.is_ok(), "root untouched");
-    drop(process);
-    for client in [a, b] {
-        let _ = Api::<Namespace>::all(client.clone())
-            .delete(&ns, &DeleteParams::default())
-            .await;
-    }
+        .expect("lazyquota")
 }
 
-/// With `--kcp-shared-watch-threshold 2`, two logical clusters counting configmaps share one
-/// wildcard watch: counts stay exact through the switch, events reach only their cluster, and
-/// when one cluster leaves the other goes back to a watch of its own.
+async fn metric(process: &Lazyquota, name: &str) -> Option<f64> {
+    let (_, metrics) = process.get("/metrics").await?;
+    gauge(&metrics, name)
+}
+
+async fn becomes(process: &Lazyquota, name: &str, want: f64) -> bool {
+    eventually(WAIT, || async {
+        (metric(process, name).await == Some(want)).then_some(())
+    })
+    .await
+    .is_some()
+}
+
+async fn delete_workspace(shard: &KcpShard, ws: &Workspace) {
+    let (parent, name) = ws.path.rsplit_once(':').expect("a child workspace");
+    let api = Api::<DynamicObject>::all_with(
+        shard.user_client(parent).await.expect("client"),
+        &workspace_resource(),
+    );
+    let _ = api.delete(name, &DeleteParams::default()).await;
+}
+
+/// Providers export one group/resource twice (two identities; one serves v1, the other v2);
+/// consumers bind one each. A logical cluster is engaged only while it has a quota, counts only
+/// its own objects of the identity it bound, and is let go when its quota or workspace goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_clusters_share_one_wildcard_watch_from_the_threshold_on() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let cp = ControlPlane::get(Flavor::MultiCluster);
-    let backends = shard_backends(cp).await;
-    let (a, b) = (&backends["team-a"], &backends["team-b"]);
-    let ns = unique_name("kcp-shared");
-    namespace_with_configmaps(a, &ns, 3).await;
-    namespace_with_configmaps(b, &ns, 2).await;
-
-    let front = KcpFront::start(backends.clone()).await.expect("kcp front");
-    let kubeconfig = std::env::temp_dir().join(format!("{}.kubeconfig", unique_name("shard")));
-    front.kubeconfig(&kubeconfig).expect("kubeconfig");
-    let process = Lazyquota::start(
-        &kubeconfig,
-        &[
-            "--kcp-shard-url",
-            &front.url(),
-            "--kcp-shared-watch-threshold",
-            "2",
-        ],
+async fn bound_types_are_counted_in_the_workspaces_that_have_a_quota() {
+    let _one = LAZYQUOTA_ONLY.lock().await;
+    let shard = KcpShard::get(KcpFlavor::LazyquotaOnly);
+    remove_all_quotas(shard).await;
+    let tag = unique_name("b");
+    let ws = |name: &str| format!("{tag}-{name}");
+    let group = format!("{tag}.example.io");
+    let v1 = ExportedType::new(&group, "widgets", "v1");
+    let v2 = ExportedType::new(&group, "widgets", "v2");
+    let p1 = shard.create_workspace("root", &ws("p1")).await.expect("p1");
+    let p2 = shard.create_workspace("root", &ws("p2")).await.expect("p2");
+    shard.export(&p1.path, &v1).await.expect("export v1");
+    shard.export(&p2.path, &v2).await.expect("export v2");
+    let c1 = shard.create_workspace("root", &ws("c1")).await.expect("c1");
+    let c2 = shard.create_workspace("root", &ws("c2")).await.expect("c2");
+    let c3 = shard.create_workspace("root", &ws("c3")).await.expect("c3");
+    let id1 = shard.bind(&c1.path, &p1.path, &v1).await.expect("bind c1");
+    let id2 = shard.bind(&c2.path, &p2.path, &v2).await.expect("bind c2");
+    shard.bind(&c3.path, &p1.path, &v1).await.expect("bind c3");
+    assert_ne!(id1, id2, "two exports, two identities");
+    let (a, b, c) = (
+        shard.user_client(&c1.path).await.expect("c1"),
+        shard.user_client(&c2.path).await.expect("c2"),
+        shard.user_client(&c3.path).await.expect("c3"),
     );
-    let metrics = || async { process.get("/metrics").await.map(|(_, m)| m).unwrap_or_default() };
-    let shared = |n: u64| async move {
-        eventually(WAIT, || async {
-            (gauge(&metrics().await, "lazyquota_kcp_shared_watches") == Some(n)).then_some(())
-        })
-        .await
-    };
-    let quotas = |c: &Client| Api::<ResourceQuota>::namespaced(c.clone(), &ns);
-    let configmaps = |c: &Client| Api::<ConfigMap>::namespaced(c.clone(), &ns);
+    for cl in [&a, &b, &c] {
+        namespace(cl, "team").await;
+    }
+    create_objects(&a, &v1, "team", &["a", "b", "c"]).await;
+    create_objects(&b, &v2, "team", &["a", "b"]).await;
+    create_objects(&c, &v1, "team", &["a"]).await;
+    let baseline = shard_watches(shard, "widgets").await;
+
+    let process = run_on(shard, &["--discovery-poll", "30s"]);
+    assert!(
+        becomes(&process, "lazyquota_kcp_engaged_clusters", 0.0).await,
+        "no quota on the shard: nothing engaged; log:\n{}",
+        process.log()
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        shard_watches(shard, "widgets").await,
+        baseline,
+        "no quota: no watch of the bound type on the shard"
+    );
+
+    // Quotas in c1 and c2: each counts its own objects of the identity it bound, at the
+    // version its binding serves (v1 in c1, v2 in c2); c3 has the type but no quota.
+    let key = v1.count_key();
+    let quotas = |cl: &Client| Api::<ResourceQuota>::namespaced(cl.clone(), "team");
     let pp = PostParams::default();
-    let cm = |name: &str| ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
+    quotas(&a)
+        .create(&pp, &quota("q", &[(&key, "10")]))
+        .await
+        .expect("quota c1");
+    quotas(&b)
+        .create(&pp, &quota("q", &[(&key, "10")]))
+        .await
+        .expect("quota c2");
+    assert!(
+        used_becomes(&quotas(&a), "q", &key, "3").await.is_some(),
+        "c1 counts its 3 widgets (v1); log:\n{}",
+        process.log()
+    );
+    assert!(
+        used_becomes(&quotas(&b), "q", &key, "2").await.is_some(),
+        "c2 counts its 2 widgets (v2); log:\n{}",
+        process.log()
+    );
+    assert!(
+        becomes(&process, "lazyquota_kcp_engaged_clusters", 2.0).await,
+        "c1 and c2 engaged"
+    );
+    let watching = eventually(WAIT, || async {
+        (shard_watches(shard, "widgets").await == baseline + 2).then_some(())
+    })
+    .await;
+    assert!(
+        watching.is_some(),
+        "one widgets watch per engaged cluster, none for c3"
+    );
+
+    // Deletes move the count (admission charges creates; only the controller sees deletes).
+    Api::<DynamicObject>::namespaced_with(a.clone(), "team", &v1.resource())
+        .delete("a", &DeleteParams::default())
+        .await
+        .expect("delete widget");
+    assert!(
+        used_becomes(&quotas(&a), "q", &key, "2").await.is_some(),
+        "c1's delete counted"
+    );
+
+    // lazyquota is the only writer, and kcp's quota admission enforces what it wrote.
+    quotas(&b)
+        .patch(
+            "q",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"hard": {&key: "2"}}})),
+        )
+        .await
+        .expect("lower c2's hard");
+    let refused = eventually(WAIT, || async {
+        let object: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": format!("{}/{}", v2.group, v2.version), "kind": v2.kind,
+            "metadata": {"name": "over"},
+        }))
+        .ok()?;
+        match Api::<DynamicObject>::namespaced_with(b.clone(), "team", &v2.resource())
+            .create(&pp, &object)
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("exceeded quota") => Some(()),
+            Ok(_) => {
+                // Admitted before the lowered hard reached admission: take it back, try again.
+                let _ = Api::<DynamicObject>::namespaced_with(b.clone(), "team", &v2.resource())
+                    .delete("over", &DeleteParams::default())
+                    .await;
+                None
+            }
+            Err(_) => None,
+        }
+    })
+    .await;
+    assert!(
+        refused.is_some(),
+        "kcp's admission refuses the third widget in c2"
+    );
+
+    // explain over the shard: the two engaged clusters, their workspace paths, the bound type
+    // served (not pending).
+    let out = lazyquota_cli(shard, &["explain", "-o", "json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let explain: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let reports: BTreeMap<&str, &serde_json::Value> = explain
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|r| Some((r["cluster"].as_str()?, r)))
+        .collect();
+    assert_eq!(
+        reports.keys().copied().collect::<Vec<_>>(),
+        {
+            let mut v = vec![c1.cluster.as_str(), c2.cluster.as_str()];
+            v.sort_unstable();
+            v
         },
-        ..ConfigMap::default()
-    };
-
-    quotas(a)
-        .create(&pp, &quota("q", &[("count/configmaps", "10")]))
-        .await
-        .expect("quota");
-    assert!(
-        used_becomes(&quotas(a), "q", "count/configmaps", "3")
-            .await
-            .is_some(),
-        "own watch first"
+        "explain names the clusters with quotas"
     );
-    assert!(shared(0).await.is_some(), "one cluster: nothing shared");
-
-    quotas(b)
-        .create(&pp, &quota("q", &[("count/configmaps", "10")]))
-        .await
-        .expect("quota");
+    assert_eq!(reports[c1.cluster.as_str()]["workspace"], c1.path.as_str());
+    let text = out.stdout.clone();
     assert!(
-        shared(1).await.is_some(),
-        "two clusters: one shared wildcard watch; log:\n{}",
-        process.log()
-    );
-    assert!(
-        used_becomes(&quotas(b), "q", "count/configmaps", "2")
-            .await
-            .is_some(),
-        "team-b exact"
-    );
-    // Changes through the shared watch reach only their own cluster.
-    configmaps(b).create(&pp, &cm("more")).await.expect("create");
-    configmaps(a)
-        .delete("cm-0", &DeleteParams::default())
-        .await
-        .expect("delete");
-    assert!(
-        used_becomes(&quotas(b), "q", "count/configmaps", "3")
-            .await
-            .is_some(),
-        "team-b counts its new configmap; log:\n{}",
-        process.log()
-    );
-    assert!(
-        used_becomes(&quotas(a), "q", "count/configmaps", "2")
-            .await
-            .is_some(),
-        "team-a its delete"
+        !String::from_utf8_lossy(&text).contains("not served"),
+        "the bound type is served in both: {}",
+        String::from_utf8_lossy(&text)
     );
 
-    // team-a leaves: team-b is alone again and goes back to a watch of its own.
-    quotas(a)
+    // c1's quota goes: c1 is let go and its watch stops.
+    quotas(&a)
         .delete("q", &DeleteParams::default())
         .await
-        .expect("delete quota");
-    assert!(shared(0).await.is_some(), "below the threshold: not shared");
-    configmaps(b)
-        .delete("more", &DeleteParams::default())
-        .await
         .expect("delete");
     assert!(
-        used_becomes(&quotas(b), "q", "count/configmaps", "2")
-            .await
-            .is_some(),
-        "team-b exact on its own watch again"
+        becomes(&process, "lazyquota_kcp_engaged_clusters", 1.0).await,
+        "c1 disengaged"
     );
+    let released = eventually(WAIT, || async {
+        (shard_watches(shard, "widgets").await == baseline + 1).then_some(())
+    })
+    .await;
+    assert!(released.is_some(), "c1's widgets watch stopped");
+
+    // c2's workspace is deleted (its LogicalCluster gets a deletionTimestamp and goes
+    // Deleting): c2 is let go although its quota is still there until the content is gone.
+    delete_workspace(shard, &c2).await;
+    assert!(
+        becomes(&process, "lazyquota_kcp_engaged_clusters", 0.0).await,
+        "c2 disengaged with its workspace; log:\n{}",
+        process.log()
+    );
+    let released = eventually(WAIT, || async {
+        (shard_watches(shard, "widgets").await == baseline).then_some(())
+    })
+    .await;
+    assert!(released.is_some(), "no widgets watch left");
     drop(process);
-    for client in [a, b] {
-        common::remove_all_quotas(client).await;
-        let _ = Api::<Namespace>::all(client.clone())
-            .delete(&ns, &DeleteParams::default())
-            .await;
+    for w in [&c1, &c3, &p1, &p2] {
+        delete_workspace(shard, w).await;
     }
 }

@@ -32,9 +32,9 @@ extra_apiservers=${LAZYQUOTA_EXTRA_APISERVERS:-0}
 
 say() { printf 'control-plane: %s\n' "$*" >&2; }
 
-bin=$("$here/build.sh" | tail -n 1)
+bin=$(bash "$here/build.sh" | tail -n 1)
 
-"$here/stop.sh" "$dir" >/dev/null 2>&1 || true
+bash "$here/stop.sh" "$dir" >/dev/null
 rm -rf "$dir"
 mkdir -p "$dir/pki" "$dir/logs"
 dir=$(cd "$dir" && pwd)
@@ -48,7 +48,7 @@ fail() {
     say "last lines of $dir/logs/$component.log:"
     tail -n 30 "$dir/logs/$component.log" >&2
   fi
-  "$here/stop.sh" "$dir" >/dev/null 2>&1 || true
+  bash "$here/stop.sh" "$dir" >/dev/null
   exit 1
 }
 

@@ -35,10 +35,16 @@ use criterion::{BatchSize, Criterion, Throughput};
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::api::resource::Quantity as K8sQuantity};
 use lazyquota_index::{
     engine::{Applied, Engine, Projected, StoreKind, same_value, store_kind},
-    keys::{ClusterName, GroupResource, QuotaKey, object_id},
+    keys::{ClusterName, GroupResource, ObjectIds, QuotaKey},
     store::PartitionKey,
 };
 use lazyquota_quota::{FeatureGates, Interner, PodProjection, Time};
+
+/// Store ids as the controller makes them (keyed, one key per process).
+fn object_id(name: &str) -> u64 {
+    static IDS: std::sync::LazyLock<ObjectIds> = std::sync::LazyLock::new(ObjectIds::default);
+    IDS.id(name)
+}
 
 mod support;
 

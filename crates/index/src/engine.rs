@@ -650,7 +650,12 @@ mod tests {
     use k8s_openapi::api::core::v1::{ConfigMap, ResourceQuotaSpec};
 
     use super::*;
-    use crate::keys::object_id;
+    use crate::keys::ObjectIds;
+
+    fn object_id(name: &str) -> u64 {
+        static IDS: std::sync::LazyLock<ObjectIds> = std::sync::LazyLock::new(ObjectIds::default);
+        IDS.id(name)
+    }
 
     fn quota(hard: &[(&str, &str)], used: Option<&[(&str, &str)]>) -> ResourceQuota {
         let list = |kv: &[(&str, &str)]| {

@@ -40,7 +40,7 @@ use kube::{
 };
 use lazyquota_index::{
     engine::{Applied, Engine, Projected, StoreKind, same_value, store_kind},
-    keys::{ClusterName, GroupResource, Need, QuotaKey, object_id},
+    keys::{ClusterName, GroupResource, Need, QuotaKey},
     policy::DemandChange,
     queue::WorkQueue,
     resolver::ResolverChange,
@@ -53,7 +53,7 @@ use tracing::{debug, info, warn};
 use crate::{
     discovery::{Discovered, discover},
     metrics::Metrics,
-    now,
+    now, object_id,
     watch::{ObjectEvent, WatchItem, WatchKey, WatchOptions},
 };
 

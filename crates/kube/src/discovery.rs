@@ -5,6 +5,7 @@
 //! the per-group walk otherwise. There is no discovery watch in Kubernetes; the controller
 //! re-runs this when CustomResourceDefinitions or APIServices change, and on a slow poll.
 
+use kube::client::APIGroupDiscoveryList;
 use kube::{Client, discovery::Discovery};
 use lazyquota_index::{keys::GroupResource, resolver::ServedResource};
 
@@ -27,13 +28,14 @@ pub struct Discovered {
 /// (listed without resources): such a group is reported in `failed_groups`, so that what was
 /// known of it is kept rather than taken as gone.
 pub async fn discover(client: &Client) -> Result<Discovered, kube::Error> {
-    let groups = match client.list_api_groups_aggregated().await {
-        Ok(apis) => {
-            let core = client.list_core_api_versions_aggregated().await?;
-            core.items.into_iter().chain(apis.items).collect::<Vec<_>>()
-        }
-        // Servers older than 1.26 lack aggregated discovery.
-        Err(_) => return discover_per_group(client).await,
+    let groups = match aggregated(client, "/apis").await {
+        Ok(Some(apis)) => match aggregated(client, "/api").await? {
+            Some(core) => core.items.into_iter().chain(apis.items).collect::<Vec<_>>(),
+            None => return discover_per_group(client).await,
+        },
+        // Servers older than 1.26 lack aggregated discovery (an error or a legacy answer);
+        // kcp answers every logical cluster's /api and /apis with the legacy lists.
+        Ok(None) | Err(_) => return discover_per_group(client).await,
     };
     let mut found = Discovered::default();
     for group in groups {
@@ -68,6 +70,27 @@ pub async fn discover(client: &Client) -> Result<Discovered, kube::Error> {
         }
     }
     Ok(found)
+}
+
+/// What a server that supports aggregated discovery sends; the legacy lists are the fallback.
+const ACCEPT_AGGREGATED: &str =
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
+
+/// The aggregated discovery document at `path` (`/api` or `/apis`), or `None` when the server
+/// answered with the legacy `APIVersions`/`APIGroupList` instead. That answer must not be read
+/// as an aggregated list: its `groups` are not `items`, so it would parse as "serves nothing".
+async fn aggregated(client: &Client, path: &str) -> Result<Option<APIGroupDiscoveryList>, kube::Error> {
+    let request = http::Request::get(path)
+        .header(http::header::ACCEPT, ACCEPT_AGGREGATED)
+        .body(Vec::new())
+        .map_err(kube::Error::HttpError)?;
+    let body: serde_json::Value = client.request(request).await?;
+    if body.get("kind").and_then(serde_json::Value::as_str) != Some("APIGroupDiscoveryList") {
+        return Ok(None);
+    }
+    serde_json::from_value(body)
+        .map(Some)
+        .map_err(kube::Error::SerdeError)
 }
 
 fn served_push(

@@ -43,6 +43,10 @@ use crate::{
 /// The annotation kcp puts on every object with its logical cluster's name.
 pub const CLUSTER_ANNOTATION: &str = "kcp.io/cluster";
 
+/// The annotation of a LogicalCluster with its workspace's canonical path (`root:org:team`);
+/// absent on `root` and `system:*` clusters.
+pub const PATH_ANNOTATION: &str = "kcp.io/path";
+
 /// Why the shard cannot be served.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -99,7 +103,8 @@ impl Shard {
     }
 
     /// One endpoint per logical cluster that has a ResourceQuota now (for `usage` and
-    /// `explain`), from one wildcard list.
+    /// `explain`), from one wildcard list, with its workspace path from a wildcard list of the
+    /// LogicalClusters.
     pub async fn endpoints(&self) -> Result<Vec<Endpoint>, Error> {
         let quotas = Api::<ResourceQuota>::all(self.wildcard()?)
             .list_metadata(&ListParams::default())
@@ -110,13 +115,30 @@ impl Shard {
             .iter()
             .filter_map(|q| q.annotations().get(CLUSTER_ANNOTATION).cloned())
             .collect();
+        let clusters = Api::<DynamicObject>::all_with(self.wildcard()?, &logical_cluster_resource())
+            .list_metadata(&ListParams::default())
+            .await
+            .map_err(Error::List)?;
+        let paths: BTreeMap<String, String> = clusters
+            .items
+            .iter()
+            .filter_map(|c| {
+                let annotations = c.annotations();
+                Some((
+                    annotations.get(CLUSTER_ANNOTATION)?.clone(),
+                    annotations.get(PATH_ANNOTATION)?.clone(),
+                ))
+            })
+            .collect();
         names
             .into_iter()
             .map(|name| {
+                let workspace = paths.get(&name).cloned();
                 let name = ClusterName::new(&name);
                 Ok(Endpoint {
                     client: self.cluster(&name)?,
                     name,
+                    workspace,
                 })
             })
             .collect()
@@ -143,6 +165,8 @@ pub struct Membership {
     phases: BTreeMap<ClusterName, String>,
     /// LogicalClusters seen deleted (until one appears again).
     deleted: BTreeSet<ClusterName>,
+    /// Workspace path of each known LogicalCluster that has one (for logs).
+    paths: BTreeMap<ClusterName, String>,
     quota_relist: Option<Vec<(ClusterName, String, String)>>,
     cluster_relist: Option<Vec<(ClusterName, String)>>,
 }
@@ -187,6 +211,7 @@ impl Membership {
     /// A LogicalCluster was deleted.
     pub fn cluster_deleted(&mut self, cluster: ClusterName) {
         self.phases.remove(&cluster);
+        self.paths.remove(&cluster);
         self.deleted.insert(cluster);
     }
 
@@ -197,6 +222,7 @@ impl Membership {
             self.deleted.insert(gone.clone());
         }
         self.deleted.retain(|c| !listed.contains_key(c));
+        self.paths.retain(|c, _| listed.contains_key(c));
         self.phases = listed;
     }
 
@@ -213,6 +239,20 @@ impl Membership {
             })
             .cloned()
             .collect()
+    }
+
+    /// The workspace path of `cluster`, if its LogicalCluster has one (`kcp.io/path`).
+    pub fn path(&self, cluster: &ClusterName) -> &str {
+        self.paths.get(cluster).map_or("", String::as_str)
+    }
+
+    fn record_path(&mut self, o: &DynamicObject) {
+        if let (Some(cluster), Some(path)) = (
+            o.annotations().get(CLUSTER_ANNOTATION),
+            o.annotations().get(PATH_ANNOTATION),
+        ) {
+            self.paths.insert(ClusterName::new(cluster), path.clone());
+        }
     }
 
     /// Quotas known in `cluster`.
@@ -263,6 +303,7 @@ impl Membership {
         match event {
             watcher::Event::Init => self.cluster_relist = Some(Vec::new()),
             watcher::Event::InitApply(o) => {
+                self.record_path(&o);
                 if let (Some(list), Some(k)) = (self.cluster_relist.as_mut(), key(&o)) {
                     list.push(k);
                 }
@@ -272,6 +313,7 @@ impl Membership {
                 self.clusters_listed(listed);
             }
             watcher::Event::Apply(o) => {
+                self.record_path(&o);
                 if let Some((c, phase)) = key(&o) {
                     self.cluster_applied(c, phase);
                 }
@@ -363,7 +405,7 @@ pub async fn run(
             .collect::<Vec<_>>()
         {
             if let Some(e) = engaged.remove(&cluster) {
-                info!(%cluster, "no ResourceQuota left (or the logical cluster is going): disengaging");
+                info!(%cluster, workspace = membership.path(&cluster), "no ResourceQuota left (or the logical cluster is going): disengaging");
                 let _ = e.stop.send(());
                 changed = true;
             }
@@ -377,7 +419,7 @@ pub async fn run(
                     continue;
                 }
             };
-            info!(%cluster, quotas = membership.quotas_in(&cluster), "ResourceQuota found: engaging the logical cluster");
+            info!(%cluster, workspace = membership.path(&cluster), quotas = membership.quotas_in(&cluster), "ResourceQuota found: engaging the logical cluster");
             next_id += 1;
             let id = next_id;
             let config = controller::Config {
@@ -392,7 +434,7 @@ pub async fn run(
             };
             let (stop, stopped) = oneshot::channel::<()>();
             let name = cluster.clone();
-            let span = info_span!("cluster", cluster = %cluster);
+            let span = info_span!("cluster", cluster = %cluster, workspace = membership.path(&cluster));
             let run = tokio::spawn(
                 async move {
                     controller

@@ -20,3 +20,11 @@ pub fn now() -> lazyquota_quota::Time {
         .map_or(0, |d| d.as_nanos());
     lazyquota_quota::Time::from_unix_nanos(i128::try_from(nanos).unwrap_or(i128::MAX))
 }
+
+/// The store id of the object named `name`: keyed by a secret chosen once per process (see
+/// [`lazyquota_index::keys::ObjectIds`]), the same for every controller of the process.
+pub fn object_id(name: &str) -> u64 {
+    static IDS: std::sync::LazyLock<lazyquota_index::keys::ObjectIds> =
+        std::sync::LazyLock::new(|| lazyquota_index::keys::ObjectIds::new(std::hash::RandomState::new()));
+    IDS.id(name)
+}

@@ -13,13 +13,13 @@ use kube::{Api, Client, ResourceExt as _};
 use lazyquota_index::{
     demand::{needs, replenished_by},
     engine::{Engine, same_value, store_kind},
-    keys::{ClusterName, GroupResource, Need, QuotaKey, object_id},
+    keys::{ClusterName, GroupResource, Need, QuotaKey},
     resolver::ServedResource,
     store::PartitionKey,
 };
 use lazyquota_quota::{FeatureGates, Interner};
 
-use crate::now;
+use crate::{now, object_id};
 use serde::Serialize;
 
 use crate::discovery::{Discovered, discover};
@@ -61,6 +61,9 @@ pub struct KeyUsage {
 pub struct QuotaUsage {
     /// The cluster.
     pub cluster: String,
+    /// kcp: the cluster's workspace path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
     /// Namespace.
     pub namespace: String,
     /// Name.
@@ -119,6 +122,7 @@ pub async fn usage(
             .collect();
         report.push(QuotaUsage {
             cluster: cluster.to_string(),
+            workspace: None,
             namespace: key.namespace.to_string(),
             name: key.name.to_string(),
             keys,
@@ -151,6 +155,9 @@ pub struct WatchedResource {
 pub struct Explain {
     /// The cluster.
     pub cluster: String,
+    /// kcp: the cluster's workspace path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
     /// Resource types demanded by some quota.
     pub resources: Vec<WatchedResource>,
     /// Keys that no evaluator computes (they stay as stored, normally absent): `namespace/quota: key`.
@@ -247,6 +254,7 @@ pub async fn explain(
     }
     Ok(Explain {
         cluster: cluster.to_string(),
+        workspace: None,
         resources,
         never_computed,
         always_zero,

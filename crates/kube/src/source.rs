@@ -75,6 +75,10 @@ pub struct Endpoint {
     pub name: ClusterName,
     /// Its client.
     pub client: Client,
+    /// kcp: the workspace path of the logical cluster (`kcp.io/path` of its LogicalCluster),
+    /// shown next to the name; `None` elsewhere (and for clusters without a path annotation,
+    /// such as `root`).
+    pub workspace: Option<String>,
 }
 
 /// What the flags say about clusters (see the binary's `--help`).
@@ -165,6 +169,7 @@ impl ClusterSource {
             endpoints.push(Endpoint {
                 name: ClusterName::new(&cluster.name),
                 client,
+                workspace: None,
             });
         }
         Ok(endpoints)

@@ -1,392 +1,469 @@
-//! A kcp-shaped front for the multi-cluster control plane, for testing lazyquota's kcp source
-//! where kcp itself cannot be built (see `tests/control-plane/kcp/build.sh`).
+//! A real kcp shard for the integration tests: kcp v0.32.3 built from source by
+//! `tests/control-plane/kcp/build.sh` and started on loopback, with its embedded etcd, by
+//! `tests/control-plane/kcp/start.sh`.
 //!
-//! **This is not kcp.** It serves the part of a kcp shard's HTTP surface lazyquota uses, over
-//! real kube-apiservers that share one etcd (so resourceVersions are comparable across them,
-//! as on one kcp shard), and holds no objects itself:
+//! Two flavours, because two controllers must never write the same quota status:
+//! [`KcpFlavor::OwnQuota`] runs kcp's own quota controller (the reference lazyquota is compared
+//! with), [`KcpFlavor::LazyquotaOnly`] runs every other kcp controller, so lazyquota is the only
+//! writer. kcp's quota admission plugin runs in both.
 //!
-//! - `/clusters/<name>/...` is forwarded to the apiserver backing logical cluster `<name>`,
-//!   request and (streaming) response untouched;
-//! - `GET /clusters/*/...` (the wildcard, list and watch only, as in kcp) is fanned out to
-//!   every backend: a list reads all of them at one etcd revision (`resourceVersionMatch=Exact`
-//!   on all but the first) and returns one list at that revision; a watch merges the backends'
-//!   watch streams. Every object gets the `kcp.io/cluster` annotation kcp adds. Bookmarks are
-//!   dropped (each backend's would promise only its own progress); any backend's stream ending
-//!   ends the merged one, and the client resumes, as from a shard. Unlike a shard's, the
-//!   merged stream is not in resourceVersion order across backends, so a resume could skip a
-//!   backend's undelivered older event: tests keep their watches open (no cuts through it).
-//!
-//! Plain HTTP on loopback, no authentication: the backends' own clients carry the credentials.
+//! Like the Kubernetes control planes, a shard is attached (`LAZYQUOTA_KCP_DIR` /
+//! `LAZYQUOTA_KCP_DIR_QUOTA` name the state directory of one started by start.sh) or started on
+//! first use under `<repo>/.lazyquota/testenv-kcp-<flavour>` (file lock, shared by every test
+//! binary; `make test` stops it at the end).
 
-use std::{collections::BTreeMap, convert::Infallible, net::SocketAddr, sync::Arc};
+use std::{collections::BTreeMap, path::PathBuf, process::Command, sync::OnceLock, time::Duration};
 
-use bytes::Bytes;
-use futures::StreamExt as _;
-use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt as _, Full, StreamBody, combinators::UnsyncBoxBody};
-use hyper::body::{Frame, Incoming};
-use kube::Client;
-use tokio::{net::TcpListener, task::JoinHandle};
+use kube::{
+    Api, Client, Config,
+    api::{ApiResource, DynamicObject, PostParams},
+    config::{KubeConfigOptions, Kubeconfig},
+};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-type Body = UnsyncBoxBody<Bytes, BoxError>;
+use crate::{Error, eventually, read_facts, repo_root};
 
-/// The annotation kcp puts on every object it returns.
+/// The annotation kcp puts on every object it returns: its logical cluster's name.
 pub const CLUSTER_ANNOTATION: &str = "kcp.io/cluster";
 
-/// A running front; stops when dropped.
-#[derive(Debug)]
-pub struct KcpFront {
-    addr: SocketAddr,
-    accept: JoinHandle<()>,
+/// Which controllers write ResourceQuota status on a shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KcpFlavor {
+    /// kcp runs its own quota controller (kcp-kube-quota).
+    OwnQuota,
+    /// kcp runs every controller but its quota controller: lazyquota is the only writer.
+    LazyquotaOnly,
 }
 
-impl KcpFront {
-    /// Serves `backends` (logical cluster name → a client of the apiserver backing it) on a
-    /// free loopback port.
-    pub async fn start(backends: BTreeMap<String, Client>) -> std::io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let backends = Arc::new(backends);
-        let accept = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let backends = backends.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| {
-                        let backends = backends.clone();
-                        async move { Ok::<_, Infallible>(route(&backends, req).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-        Ok(Self { addr, accept })
+impl KcpFlavor {
+    fn env_var(self) -> &'static str {
+        match self {
+            Self::OwnQuota => "LAZYQUOTA_KCP_DIR_QUOTA",
+            Self::LazyquotaOnly => "LAZYQUOTA_KCP_DIR",
+        }
     }
 
-    /// The shard's base URL (`http://127.0.0.1:<port>`).
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+    fn dir_name(self) -> &'static str {
+        match self {
+            Self::OwnQuota => "testenv-kcp-quota",
+            Self::LazyquotaOnly => "testenv-kcp-lazyquota-only",
+        }
     }
 
-    /// A kubeconfig for the shard (no credentials: the front needs none).
-    pub fn kubeconfig(&self, path: &std::path::Path) -> std::io::Result<()> {
-        std::fs::write(
-            path,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters: [{{name: shard, cluster: {{server: '{}'}}}}]\n\
-                 users: [{{name: u, user: {{}}}}]\ncontexts: [{{name: shard, context: {{cluster: shard, user: u}}}}]\n\
-                 current-context: shard\n",
-                self.url()
-            ),
+    fn quota(self) -> &'static str {
+        match self {
+            Self::OwnQuota => "on",
+            Self::LazyquotaOnly => "off",
+        }
+    }
+}
+
+/// A running kcp shard.
+#[derive(Debug)]
+pub struct KcpShard {
+    flavor: KcpFlavor,
+    facts: BTreeMap<String, String>,
+}
+
+static OWN_QUOTA: OnceLock<Result<KcpShard, String>> = OnceLock::new();
+static LAZYQUOTA_ONLY: OnceLock<Result<KcpShard, String>> = OnceLock::new();
+
+/// A workspace the tests made: its path (`root:<name>`) and its logical cluster's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workspace {
+    /// The canonical path, e.g. `root:lq-c1-1a2b`.
+    pub path: String,
+    /// The logical cluster's name (`spec.cluster`), what `kcp.io/cluster` annotations carry.
+    pub cluster: String,
+}
+
+impl KcpShard {
+    /// The shard of `flavor`: attached if its environment variable names one, else the shared
+    /// one of this checkout, started on first use.
+    ///
+    /// # Panics
+    /// With the start script's error when no shard can be had.
+    pub fn get(flavor: KcpFlavor) -> &'static KcpShard {
+        let cell = match flavor {
+            KcpFlavor::OwnQuota => &OWN_QUOTA,
+            KcpFlavor::LazyquotaOnly => &LAZYQUOTA_ONLY,
+        };
+        match cell.get_or_init(|| attach_or_start(flavor).map_err(|e| e.to_string())) {
+            Ok(shard) => shard,
+            Err(message) => panic!("no {flavor:?} kcp shard for the integration tests: {message}"),
+        }
+    }
+
+    /// Which controllers write quota status here.
+    pub fn flavor(&self) -> KcpFlavor {
+        self.flavor
+    }
+
+    /// The shard's base URL (`https://127.0.0.1:<port>`).
+    pub fn url(&self) -> &str {
+        self.facts.get("LAZYQUOTA_KCP_URL").map_or("", String::as_str)
+    }
+
+    /// kcp's admin kubeconfig (contexts `root`, `base`, `shard-base`, `system:admin`).
+    pub fn kubeconfig(&self) -> PathBuf {
+        PathBuf::from(
+            self.facts
+                .get("LAZYQUOTA_KCP_KUBECONFIG")
+                .map_or("", String::as_str),
         )
     }
-}
 
-impl Drop for KcpFront {
-    fn drop(&mut self) {
-        self.accept.abort();
+    /// The kcp process id (for its RSS and threads in /proc).
+    pub fn pid(&self) -> Option<u32> {
+        self.facts.get("LAZYQUOTA_KCP_PID")?.parse().ok()
     }
-}
 
-fn text(status: StatusCode, message: &str) -> Response<Body> {
-    let status_json = serde_json::json!({
-        "kind": "Status", "apiVersion": "v1", "status": "Failure",
-        "message": message, "code": status.as_u16()
-    });
-    Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .body(full(status_json.to_string().into_bytes()))
-        .expect("response")
-}
-
-fn full(bytes: Vec<u8>) -> Body {
-    Full::new(Bytes::from(bytes))
-        .map_err(|never| match never {})
-        .boxed_unsync()
-}
-
-async fn route(backends: &BTreeMap<String, Client>, req: Request<Incoming>) -> Response<Body> {
-    let path = req.uri().path().to_owned();
-    let query = req.uri().query().map(str::to_owned);
-    let Some((cluster, rest)) = path.strip_prefix("/clusters/").and_then(|p| p.split_once('/')) else {
-        return text(StatusCode::NOT_FOUND, "only /clusters/<name>/... is served");
-    };
-    let rest = format!("/{rest}");
-    if cluster == "*" {
-        if req.method() != Method::GET {
-            return text(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "only list and watch are allowed in the `*` logical cluster",
-            );
-        }
-        let accept = req.headers().get(http::header::ACCEPT).cloned();
-        return wildcard(backends, &rest, query.as_deref(), accept).await;
-    }
-    let Some(client) = backends.get(cluster) else {
-        return text(
-            StatusCode::NOT_FOUND,
-            &format!("logical cluster {cluster:?} not found"),
-        );
-    };
-    forward(client, req, &rest, query.as_deref()).await
-}
-
-/// Passes a request to one backend and streams its answer back.
-async fn forward(client: &Client, req: Request<Incoming>, path: &str, query: Option<&str>) -> Response<Body> {
-    let (parts, body) = req.into_parts();
-    let Ok(body) = body.collect().await.map(http_body_util::Collected::to_bytes) else {
-        return text(StatusCode::BAD_REQUEST, "unreadable request body");
-    };
-    let uri = match query {
-        Some(q) => format!("{path}?{q}"),
-        None => path.to_owned(),
-    };
-    let mut request = Request::builder().method(parts.method).uri(uri);
-    for (name, value) in &parts.headers {
-        if matches!(name.as_str(), "accept" | "content-type") {
-            request = request.header(name, value);
-        }
-    }
-    let Ok(request) = request.body(kube::client::Body::from(body.to_vec())) else {
-        return text(StatusCode::BAD_REQUEST, "bad request");
-    };
-    match client.send(request).await {
-        Ok(response) => {
-            let (parts, body) = response.into_parts();
-            Response::from_parts(parts, body.map_err(|e| Box::new(e) as BoxError).boxed_unsync())
-        }
-        Err(error) => text(StatusCode::BAD_GATEWAY, &error.to_string()),
-    }
-}
-
-fn with_params(path: &str, query: Option<&str>, drop: &[&str], add: &[(&str, String)]) -> String {
-    let mut params: Vec<String> = query
-        .unwrap_or_default()
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .filter(|p| !drop.iter().any(|d| p.split('=').next() == Some(*d)))
-        .map(str::to_owned)
-        .collect();
-    params.extend(add.iter().map(|(k, v)| format!("{k}={v}")));
-    if params.is_empty() {
-        path.to_owned()
-    } else {
-        format!("{path}?{}", params.join("&"))
-    }
-}
-
-fn annotate(object: &mut serde_json::Value, cluster: &str) {
-    if let Some(meta) = object.get_mut("metadata").and_then(|m| m.as_object_mut()) {
-        let annotations = meta.entry("annotations").or_insert_with(|| serde_json::json!({}));
-        if !annotations.is_object() {
-            *annotations = serde_json::json!({});
-        }
-        annotations[CLUSTER_ANNOTATION] = serde_json::Value::String(cluster.to_owned());
-    }
-}
-
-async fn get(
-    client: &Client,
-    uri: &str,
-    accept: Option<&http::HeaderValue>,
-) -> Result<Response<kube::client::Body>, String> {
-    let mut request = Request::get(uri);
-    if let Some(accept) = accept {
-        request = request.header(http::header::ACCEPT, accept);
-    }
-    let request = request
-        .body(kube::client::Body::from(Vec::new()))
-        .map_err(|e| e.to_string())?;
-    client.send(request).await.map_err(|e| e.to_string())
-}
-
-async fn wildcard(
-    backends: &BTreeMap<String, Client>,
-    path: &str,
-    query: Option<&str>,
-    accept: Option<http::HeaderValue>,
-) -> Response<Body> {
-    let watching = query
-        .unwrap_or_default()
-        .split('&')
-        .any(|p| p == "watch=true" || p == "watch=1");
-    if watching {
-        return merged_watch(backends, path, query, accept).await;
-    }
-    // One list at one revision: the first backend's consistent list sets it, the others are
-    // read exactly there. Pagination is not offered (the whole list in one page).
-    let mut revision = String::new();
-    let mut merged: Option<serde_json::Value> = None;
-    let mut items = Vec::new();
-    for (cluster, client) in backends {
-        let uri = if revision.is_empty() {
-            with_params(
-                path,
-                query,
-                &["limit", "continue", "resourceVersion", "resourceVersionMatch"],
-                &[],
-            )
-        } else {
-            with_params(
-                path,
-                query,
-                &["limit", "continue", "resourceVersion", "resourceVersionMatch"],
-                &[
-                    ("resourceVersion", revision.clone()),
-                    ("resourceVersionMatch", "Exact".to_owned()),
-                ],
-            )
+    /// A client configuration of `context` in the admin kubeconfig.
+    pub async fn config(&self, context: &str) -> Result<Config, Error> {
+        let path = self.kubeconfig();
+        let kubeconfig = Kubeconfig::read_from(&path).map_err(|source| Error::Kubeconfig {
+            path: path.clone(),
+            source,
+        })?;
+        let options = KubeConfigOptions {
+            context: Some(context.to_owned()),
+            ..KubeConfigOptions::default()
         };
-        let response = match get(client, &uri, accept.as_ref()).await {
-            Ok(r) => r,
-            Err(e) => return text(StatusCode::BAD_GATEWAY, &e),
-        };
-        let status = response.status();
-        let Ok(body) = response
-            .into_body()
-            .collect()
+        Config::from_custom_kubeconfig(kubeconfig, &options)
             .await
-            .map(http_body_util::Collected::to_bytes)
-        else {
-            return text(StatusCode::BAD_GATEWAY, "backend body");
-        };
-        if !status.is_success() {
-            // The backend's own error (404 for an unknown type, 410...) is the answer.
-            return Response::builder()
-                .status(status)
-                .header("content-type", "application/json")
-                .body(full(body.to_vec()))
-                .expect("response");
-        }
-        let Ok(mut list) = serde_json::from_slice::<serde_json::Value>(&body) else {
-            return text(StatusCode::BAD_GATEWAY, "backend list is not JSON");
-        };
-        // A list (`...List`, its items null when empty); a named object is not served here.
-        if !list["kind"].as_str().is_some_and(|k| k.ends_with("List")) {
-            return text(
-                StatusCode::BAD_REQUEST,
-                "the wildcard serves collections only (list and watch)",
-            );
-        }
-        if revision.is_empty() {
-            list["metadata"]["resourceVersion"]
-                .as_str()
-                .unwrap_or_default()
-                .clone_into(&mut revision);
-        }
-        if let Some(array) = list.get_mut("items").and_then(|i| i.as_array_mut()) {
-            for mut item in array.drain(..) {
-                annotate(&mut item, cluster);
-                items.push(item);
-            }
-        }
-        merged.get_or_insert(list);
+            .map_err(|source| Error::Kubeconfig { path, source })
     }
-    let mut list = merged.unwrap_or_else(|| serde_json::json!({"kind": "List", "apiVersion": "v1"}));
-    list["items"] = serde_json::Value::Array(items);
-    list["metadata"] = serde_json::json!({"resourceVersion": revision});
-    Response::builder()
-        .header("content-type", "application/json")
-        .body(full(list.to_string().into_bytes()))
-        .expect("response")
-}
 
-async fn merged_watch(
-    backends: &BTreeMap<String, Client>,
-    path: &str,
-    query: Option<&str>,
-    accept: Option<http::HeaderValue>,
-) -> Response<Body> {
-    let uri = with_params(path, query, &["allowWatchBookmarks"], &[]);
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(64);
-    let mut streams = Vec::new();
-    for (cluster, client) in backends {
-        let response = match get(client, &uri, accept.as_ref()).await {
-            Ok(r) => r,
-            Err(e) => return text(StatusCode::BAD_GATEWAY, &e),
-        };
-        if !response.status().is_success() {
-            let status = response.status();
-            let body = response
-                .into_body()
-                .collect()
-                .await
-                .map(|b| b.to_bytes().to_vec())
-                .unwrap_or_default();
-            return Response::builder()
-                .status(status)
-                .header("content-type", "application/json")
-                .body(full(body))
-                .expect("response");
-        }
-        streams.push((cluster.clone(), response.into_body()));
+    /// A shard-admin client (`system:masters`, context `shard-base`) for `/clusters/<cluster>`
+    /// — a workspace path, a logical cluster name, or `*` for wildcard lists and watches.
+    pub async fn client(&self, cluster: &str) -> Result<Client, Error> {
+        self.client_as("shard-base", cluster).await
     }
-    let tasks: Vec<JoinHandle<()>> = streams
-        .into_iter()
-        .map(|(cluster, body)| {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let mut body = body.into_data_stream();
-                let mut buffer = Vec::new();
-                while let Some(Ok(chunk)) = body.next().await {
-                    buffer.extend_from_slice(&chunk);
-                    while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
-                        let line: Vec<u8> = buffer.drain(..=end).collect();
-                        let Ok(mut event) = serde_json::from_slice::<serde_json::Value>(&line) else {
-                            continue;
-                        };
-                        if !event.is_object() || !event["object"].is_object() {
-                            continue;
-                        }
-                        match event["type"].as_str() {
-                            Some("BOOKMARK") => continue,
-                            Some("ERROR") => {}
-                            _ => annotate(&mut event["object"], &cluster),
-                        }
-                        let mut out = event.to_string().into_bytes();
-                        out.push(b'\n');
-                        if tx.send(Ok(Frame::data(Bytes::from(out)))).await.is_err() {
-                            return;
-                        }
-                    }
+
+    /// A kcp-admin client (context `base`) for `/clusters/<cluster>`: what a workspace owner
+    /// uses. Workspaces must be created this way: kcp records their creator, and one created
+    /// by the shard admin (who is no kcp user) never leaves `Initializing` ("no createdBy").
+    pub async fn user_client(&self, cluster: &str) -> Result<Client, Error> {
+        self.client_as("base", cluster).await
+    }
+
+    async fn client_as(&self, context: &str, cluster: &str) -> Result<Client, Error> {
+        let mut config = self.config(context).await?;
+        let base = config.cluster_url.to_string();
+        let base = base
+            .split("/clusters/")
+            .next()
+            .unwrap_or(&base)
+            .trim_end_matches('/');
+        config.cluster_url = format!("{base}/clusters/{cluster}")
+            .parse()
+            .map_err(|_| Error::Missing("a valid shard URL"))?;
+        Client::try_from(config).map_err(|source| Error::Kube {
+            what: format!("building a client for /clusters/{cluster}"),
+            source,
+        })
+    }
+
+    /// A kubeconfig for lazyquota: the admin kubeconfig with `shard-base` as its current
+    /// context (wildcard requests need the shard admin), written to `path`.
+    pub fn shard_kubeconfig(&self, path: &std::path::Path) -> Result<(), Error> {
+        let source = self.kubeconfig();
+        let text = std::fs::read_to_string(&source).map_err(|e| Error::Read {
+            path: source.clone(),
+            source: e,
+        })?;
+        let text: String = text
+            .lines()
+            .map(|l| {
+                if l.starts_with("current-context:") {
+                    "current-context: shard-base"
+                } else {
+                    l
                 }
             })
+            .collect::<Vec<_>>()
+            .join("\n");
+        std::fs::write(path, text).map_err(|source| Error::Read {
+            path: path.to_owned(),
+            source,
         })
-        .collect();
-    drop(tx);
-    // The merged stream ends when any backend's does (the client then resumes from its last
-    // resourceVersion on every backend).
-    let (end_tx, end_rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        let (_, _, rest) = futures::future::select_all(tasks).await;
-        for task in rest {
-            task.abort();
-        }
-        let _ = end_tx.send(());
-    });
-    Response::builder()
-        .header("content-type", "application/json")
-        .body(UnsyncBoxBody::new(StreamBody::new(frames(rx, end_rx))))
-        .expect("response")
+    }
+
+    /// The shard's `/metrics` text (kcp's own: Go runtime, process, apiserver metrics; served at
+    /// the shard's root, not under `/clusters`).
+    pub async fn metrics(&self) -> Result<String, Error> {
+        let mut config = self.config("shard-base").await?;
+        let base = config.cluster_url.to_string();
+        config.cluster_url = base
+            .split("/clusters/")
+            .next()
+            .unwrap_or(&base)
+            .parse()
+            .map_err(|_| Error::Missing("a valid shard URL"))?;
+        let root = Client::try_from(config).map_err(|source| Error::Kube {
+            what: "building the shard client".into(),
+            source,
+        })?;
+        let request = http::Request::get("/metrics")
+            .body(Vec::new())
+            .expect("a GET request without a body is valid");
+        root.request_text(request).await.map_err(|source| Error::Kube {
+            what: "GET /metrics".into(),
+            source,
+        })
+    }
+
+    /// Creates workspace `name` under `parent` (a path such as `root`) and returns once it is
+    /// Ready, with its logical cluster's name.
+    pub async fn create_workspace(&self, parent: &str, name: &str) -> Result<Workspace, Error> {
+        let api = Api::<DynamicObject>::all_with(self.user_client(parent).await?, &workspace_resource());
+        let object: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "tenancy.kcp.io/v1alpha1",
+            "kind": "Workspace",
+            "metadata": {"name": name},
+        }))
+        .expect("a valid Workspace");
+        api.create(&PostParams::default(), &object)
+            .await
+            .map_err(|source| Error::Kube {
+                what: format!("creating workspace {parent}:{name}"),
+                source,
+            })?;
+        let ready = eventually(Duration::from_secs(90), || async {
+            let ws = api.get(name).await.ok()?;
+            let phase = ws.data["status"]["phase"].as_str()?;
+            let cluster = ws.data["spec"]["cluster"].as_str()?;
+            (phase == "Ready").then(|| cluster.to_owned())
+        })
+        .await
+        .ok_or(Error::Missing("a Ready workspace within 90 s"))?;
+        // The logical cluster answers requests a moment after the workspace says Ready.
+        let path = format!("{parent}:{name}");
+        let client = self.user_client(&path).await?;
+        let served = eventually(Duration::from_secs(30), || async {
+            client.apiserver_version().await.ok().map(|_| ())
+        })
+        .await;
+        served.ok_or(Error::Missing("the new workspace serving requests within 30 s"))?;
+        Ok(Workspace { path, cluster: ready })
+    }
 }
 
-/// The receiver as a stream that also ends when `end` fires.
-fn frames(
-    rx: tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, BoxError>>,
-    end: tokio::sync::oneshot::Receiver<()>,
-) -> impl futures::Stream<Item = Result<Frame<Bytes>, BoxError>> + Send + 'static {
-    futures::stream::unfold((rx, end, false), |(mut rx, mut end, ended)| async move {
-        if ended {
-            // Drain what the backends sent before one of them ended.
-            return rx.try_recv().ok().map(|i| (i, (rx, end, true)));
+/// A namespaced type served through an APIExport: schema `<version>.<plural>.<group>` (that one
+/// version, schemaless), export named `<plural>` (a workspace binds a group/resource once).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportedType {
+    /// The API group, e.g. `example.io`.
+    pub group: String,
+    /// The plural resource name, e.g. `widgets`.
+    pub plural: String,
+    /// The kind, e.g. `Widget`.
+    pub kind: String,
+    /// The one version the schema serves, e.g. `v1`.
+    pub version: String,
+}
+
+impl ExportedType {
+    /// `<plural>.<group>` at `version`, kind from the plural (`widgets` → `Widget`).
+    pub fn new(group: &str, plural: &str, version: &str) -> Self {
+        let singular = plural.strip_suffix('s').unwrap_or(plural);
+        let mut kind: Vec<char> = singular.chars().collect();
+        if let Some(first) = kind.first_mut() {
+            *first = first.to_ascii_uppercase();
         }
-        tokio::select! {
-            biased;
-            item = rx.recv() => item.map(|i| (i, (rx, end, false))),
-            _ = &mut end => rx.try_recv().ok().map(|i| (i, (rx, end, true))),
+        Self {
+            group: group.into(),
+            plural: plural.into(),
+            kind: kind.into_iter().collect(),
+            version: version.into(),
         }
-    })
+    }
+
+    /// The resource, for dynamic clients.
+    pub fn resource(&self) -> ApiResource {
+        ApiResource {
+            group: self.group.clone(),
+            version: self.version.clone(),
+            api_version: format!("{}/{}", self.group, self.version),
+            kind: self.kind.clone(),
+            plural: self.plural.clone(),
+        }
+    }
+
+    /// The quota key counting it: `count/<plural>.<group>`.
+    pub fn count_key(&self) -> String {
+        format!("count/{}.{}", self.plural, self.group)
+    }
+}
+
+fn apis_resource(version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: "apis.kcp.io".into(),
+        version: version.into(),
+        api_version: format!("apis.kcp.io/{version}"),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+async fn create(api: &Api<DynamicObject>, object: serde_json::Value, what: &str) -> Result<(), Error> {
+    let object: DynamicObject = serde_json::from_value(object).expect("a valid object");
+    match api.create(&PostParams::default(), &object).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(source) => Err(Error::Kube {
+            what: what.into(),
+            source,
+        }),
+    }
+}
+
+impl KcpShard {
+    /// Exports `ty` from the workspace at `provider` (a path): its APIResourceSchema and an
+    /// APIExport (`apis.kcp.io/v1alpha2`, CRD storage) named after the plural.
+    pub async fn export(&self, provider: &str, ty: &ExportedType) -> Result<(), Error> {
+        let client = self.user_client(provider).await?;
+        let schema_name = format!("{}.{}.{}", ty.version, ty.plural, ty.group);
+        let schemas = Api::<DynamicObject>::all_with(
+            client.clone(),
+            &apis_resource("v1alpha1", "APIResourceSchema", "apiresourceschemas"),
+        );
+        create(
+            &schemas,
+            serde_json::json!({
+                "apiVersion": "apis.kcp.io/v1alpha1", "kind": "APIResourceSchema",
+                "metadata": {"name": schema_name},
+                "spec": {
+                    "group": ty.group, "scope": "Namespaced",
+                    "names": {"kind": ty.kind, "listKind": format!("{}List", ty.kind),
+                              "plural": ty.plural, "singular": ty.kind.to_ascii_lowercase()},
+                    "versions": [{"name": ty.version, "served": true, "storage": true,
+                        "schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}]
+                }
+            }),
+            &format!("creating APIResourceSchema {schema_name} in {provider}"),
+        )
+        .await?;
+        let exports =
+            Api::<DynamicObject>::all_with(client, &apis_resource("v1alpha2", "APIExport", "apiexports"));
+        create(
+            &exports,
+            serde_json::json!({
+                "apiVersion": "apis.kcp.io/v1alpha2", "kind": "APIExport",
+                "metadata": {"name": ty.plural},
+                "spec": {"resources": [{"name": ty.plural, "group": ty.group, "schema": schema_name,
+                                        "storage": {"crd": {}}}]}
+            }),
+            &format!("creating APIExport {} in {provider}", ty.plural),
+        )
+        .await
+    }
+
+    /// Binds the workspace at `consumer` to the export of `ty` in `provider` (APIBinding
+    /// `apis.kcp.io/v1alpha2` named after the plural) and returns the bound identity hash once
+    /// the binding is `Bound` and the type is served there.
+    pub async fn bind(&self, consumer: &str, provider: &str, ty: &ExportedType) -> Result<String, Error> {
+        let client = self.user_client(consumer).await?;
+        let bindings = Api::<DynamicObject>::all_with(
+            client.clone(),
+            &apis_resource("v1alpha2", "APIBinding", "apibindings"),
+        );
+        create(
+            &bindings,
+            serde_json::json!({
+                "apiVersion": "apis.kcp.io/v1alpha2", "kind": "APIBinding",
+                "metadata": {"name": ty.plural},
+                "spec": {"reference": {"export": {"path": provider, "name": ty.plural}}}
+            }),
+            &format!("creating APIBinding {} in {consumer}", ty.plural),
+        )
+        .await?;
+        let identity = eventually(Duration::from_secs(60), || async {
+            let binding = bindings.get(&ty.plural).await.ok()?;
+            if binding.data["status"]["phase"].as_str()? != "Bound" {
+                return None;
+            }
+            binding.data["status"]["boundResources"][0]["schema"]["identityHash"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .await
+        .ok_or(Error::Missing("a Bound APIBinding within 60 s"))?;
+        let objects = Api::<DynamicObject>::all_with(client, &ty.resource());
+        eventually(Duration::from_secs(30), || async {
+            objects
+                .list(&kube::api::ListParams::default().limit(1))
+                .await
+                .ok()
+                .map(|_| ())
+        })
+        .await
+        .ok_or(Error::Missing("the bound type served within 30 s"))?;
+        Ok(identity)
+    }
+}
+
+/// `tenancy.kcp.io/v1alpha1` Workspace.
+pub fn workspace_resource() -> ApiResource {
+    ApiResource {
+        group: "tenancy.kcp.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "tenancy.kcp.io/v1alpha1".into(),
+        kind: "Workspace".into(),
+        plural: "workspaces".into(),
+    }
+}
+
+fn attach_or_start(flavor: KcpFlavor) -> Result<KcpShard, Error> {
+    if let Some(dir) = std::env::var_os(flavor.env_var()) {
+        let facts = read_facts(&PathBuf::from(dir).join("env"))?;
+        return Ok(KcpShard { flavor, facts });
+    }
+    let state = repo_root().join(".lazyquota");
+    std::fs::create_dir_all(&state).map_err(|source| Error::Read {
+        path: state.clone(),
+        source,
+    })?;
+    let dir = state.join(flavor.dir_name());
+    let lock_path = state.join(format!("{}.lock", flavor.dir_name()));
+    let lock = std::fs::File::create(&lock_path).map_err(|source| Error::Read {
+        path: lock_path.clone(),
+        source,
+    })?;
+    lock.lock().map_err(|source| Error::Read {
+        path: lock_path,
+        source,
+    })?;
+    if let Ok(facts) = read_facts(&dir.join("env"))
+        && facts.get("LAZYQUOTA_KCP_URL").is_some_and(|url| ready(url))
+    {
+        return Ok(KcpShard { flavor, facts });
+    }
+    let script = repo_root().join("tests/control-plane/kcp/start.sh");
+    let output = Command::new("bash")
+        .arg(&script)
+        .env("LAZYQUOTA_KCP_DIR", &dir)
+        .env("LAZYQUOTA_KCP_QUOTA", flavor.quota())
+        .output()
+        .map_err(|e| Error::Start {
+            script: script.clone(),
+            message: e.to_string(),
+        })?;
+    if !output.status.success() {
+        return Err(Error::Start {
+            script,
+            message: String::from_utf8_lossy(&output.stderr).into_owned(),
+        });
+    }
+    let facts = read_facts(&dir.join("env"))?;
+    Ok(KcpShard { flavor, facts })
+}
+
+/// Whether a shard started earlier still answers `/readyz` (anonymous access to it is allowed;
+/// loopback test traffic, so the serving certificate is not checked here).
+fn ready(url: &str) -> bool {
+    Command::new("curl")
+        .args(["-fsSk", "--max-time", "3"])
+        .arg(format!("{url}/readyz"))
+        .output()
+        .is_ok_and(|o| o.status.success())
 }

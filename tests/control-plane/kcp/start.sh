@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Starts one kcp shard (embedded etcd) on loopback, built by ./build.sh. One state directory:
+#
+#   $LAZYQUOTA_KCP_DIR (default: <repo>/.lazyquota/kcp)
+#     root/admin.kubeconfig  kcp's admin kubeconfig (contexts root, base, shard-base, system:admin)
+#     env                    facts: URL, kubeconfig, pid, whether kcp's quota controller runs
+#     logs/kcp.log           kcp's log
+#
+# Options (environment):
+#   LAZYQUOTA_KCP_QUOTA=on|off  run kcp's own quota controller ("quota", kcp-kube-quota) (default
+#                               on). Off runs every other controller of kcp v0.32.3 by name, so
+#                               lazyquota is the only writer of ResourceQuota status; kcp's
+#                               quota admission plugin still enforces the status it writes.
+#   LAZYQUOTA_KCP_TIMEOUT=180   seconds to wait for /readyz
+#   LAZYQUOTA_KCP_ARGS          extra `kcp start` flags (space separated)
+#
+# A kcp already running from the same directory is stopped first. Prints the shard-admin
+# kubeconfig's path as the last line of stdout.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../../.." && pwd)
+dir=${LAZYQUOTA_KCP_DIR:-$repo/.lazyquota/kcp}
+timeout=${LAZYQUOTA_KCP_TIMEOUT:-180}
+quota=${LAZYQUOTA_KCP_QUOTA:-on}
+
+say() { printf 'kcp: %s\n' "$*" >&2; }
+
+kcp=$(bash "$here/build.sh" | tail -n 1)
+
+bash "$here/stop.sh" "$dir" >/dev/null
+rm -rf "$dir"
+mkdir -p "$dir/logs"
+dir=$(cd "$dir" && pwd)
+
+fail() {
+  say "error: $*"
+  if [[ -f $dir/logs/kcp.log ]]; then
+    say "last lines of $dir/logs/kcp.log:"
+    tail -n 30 "$dir/logs/kcp.log" >&2
+  fi
+  bash "$here/stop.sh" "$dir" >/dev/null
+  exit 1
+}
+
+used_ports=" "
+free_port() {
+  local port
+  for _ in $(seq 1 50); do
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
+    if [[ $used_ports != *" $port "* ]]; then
+      used_ports+="$port "
+      echo "$port"
+      return 0
+    fi
+  done
+  return 1
+}
+port=$(free_port)
+etcd_port=$(free_port)
+etcd_peer_port=$(free_port)
+
+# Every controller of kcp v0.32.3 that `--unsupported-run-individual-controllers` names, except
+# "quota" (pkg/server/server.go); the rest of kcp's controllers always run.
+controllers=apibinder,apibinding,apiexport,apiexportendpointslice,apisreplicateclusterrole
+controllers+=,apisreplicateclusterrolebinding,apisreplicatelogicalcluster,cache
+controllers+=,cachedresourcendpointslice,corereplicateclusterrole,corereplicateclusterrolebinding
+controllers+=,defaultapibindinglifecycle,dynamicrestmapper,garbagecollector,partition
+controllers+=,tenancyreplicateclusterrole,tenancyreplicatelogicalcluster
+controllers+=,tenancyreplicationclusterrolebinding,workspace-scheduler
+args=(start --root-directory "$dir/root" --bind-address=127.0.0.1 --secure-port="$port"
+  --external-hostname=127.0.0.1 --embedded-etcd-client-port="$etcd_port"
+  --embedded-etcd-peer-port="$etcd_peer_port")
+case $quota in
+  on) ;;
+  off) args+=(--run-controllers=false --unsupported-run-individual-controllers="$controllers") ;;
+  *) fail "LAZYQUOTA_KCP_QUOTA must be on or off, not '$quota'" ;;
+esac
+# shellcheck disable=SC2206 # word splitting of the extra flags is the point
+[[ -n ${LAZYQUOTA_KCP_ARGS:-} ]] && args+=($LAZYQUOTA_KCP_ARGS)
+
+say "starting kcp on 127.0.0.1:$port (quota controller $quota)"
+setsid "$kcp" "${args[@]}" </dev/null >"$dir/logs/kcp.log" 2>&1 &
+echo $! >"$dir/kcp.pid"
+
+kubeconfig=$dir/root/admin.kubeconfig
+start=$SECONDS
+until [[ -f $kubeconfig ]] &&
+  curl -fsS --max-time 3 --cacert "$dir/root/apiserver.crt" "https://127.0.0.1:$port/readyz" >/dev/null 2>&1; do
+  kill -0 "$(cat "$dir/kcp.pid")" 2>/dev/null || fail "kcp exited during start"
+  ((SECONDS - start < timeout)) || fail "kcp not ready within ${timeout} s"
+  sleep 1
+done
+say "ready in $((SECONDS - start)) s"
+
+cat >"$dir/env" <<FACTS
+LAZYQUOTA_KCP_DIR=$dir
+LAZYQUOTA_KCP_URL=https://127.0.0.1:$port
+LAZYQUOTA_KCP_KUBECONFIG=$kubeconfig
+LAZYQUOTA_KCP_PID=$(cat "$dir/kcp.pid")
+LAZYQUOTA_KCP_QUOTA=$quota
+LAZYQUOTA_KCP_BIN=$kcp
+FACTS
+echo "$kubeconfig"
