@@ -1,5 +1,5 @@
 # The two set-up commands are `make demo` and `make test`; see README.md.
-.PHONY: demo test control-plane cp-start cp-stop lint
+.PHONY: demo test control-plane kcp kcp-start cp-start cp-stop lint
 
 CP_DIR ?= $(CURDIR)/.lazyquota/demo
 
@@ -17,6 +17,15 @@ test:
 control-plane:
 	bash tests/control-plane/build.sh
 
+## Build kcp v0.32.3 from its source tarball (or $$LAZYQUOTA_KCP_SRC), cached.
+kcp:
+	bash tests/control-plane/kcp/build.sh
+
+## Start one kcp shard on loopback (kcp's quota controller off: lazyquota writes); stop with make cp-stop.
+kcp-start: kcp
+	LAZYQUOTA_KCP_DIR=$(CURDIR)/.lazyquota/kcp LAZYQUOTA_KCP_QUOTA=off bash tests/control-plane/kcp/start.sh
+	@echo "lazyquota run --kubeconfig <a copy with current-context shard-base> --kcp-shard-url <URL in .lazyquota/kcp/env>"
+
 cp-start: control-plane
 	LAZYQUOTA_CP_DIR=$(CP_DIR) bash tests/control-plane/start.sh
 
@@ -26,6 +35,9 @@ cp-stop:
 	bash tests/control-plane/stop.sh .lazyquota/testenv-lazyquota-only
 	bash tests/control-plane/stop.sh .lazyquota/testenv-multi-cluster
 	bash tests/control-plane/stop.sh .lazyquota/testenv-compacting
+	bash tests/control-plane/kcp/stop.sh .lazyquota/testenv-kcp-quota
+	bash tests/control-plane/kcp/stop.sh .lazyquota/testenv-kcp-lazyquota-only
+	bash tests/control-plane/kcp/stop.sh .lazyquota/kcp
 
 lint:
 	cargo fmt --all -- --check

@@ -42,6 +42,7 @@ rm -rf .lazyquota/testenv-*
 
 phase "format check" cargo fmt --all -- --check
 phase "control plane build" bash tests/control-plane/build.sh >/dev/null
+phase "kcp build" bash tests/control-plane/kcp/build.sh >/dev/null
 phase "helm build" bash tests/helm/build.sh >/dev/null
 phase "helm lint/template" bash tests/helm/check.sh
 phase "clippy" cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -364,3 +364,394 @@ async fn bound_types_are_counted_in_the_workspaces_that_have_a_quota() {
         delete_workspace(shard, w).await;
     }
 }
+
+/// A provider exporting `widgets.<tag>.example.io` at v1 and consumers bound to it, each with
+/// namespace `team` holding `objects[i]` widgets.
+struct Bound {
+    ty: ExportedType,
+    provider: Workspace,
+    consumers: Vec<(Workspace, Client)>,
+}
+
+impl Bound {
+    async fn new(shard: &KcpShard, tag: &str, objects: &[usize]) -> Self {
+        let ty = ExportedType::new(&format!("{tag}.example.io"), "widgets", "v1");
+        let provider = shard
+            .create_workspace("root", &format!("{tag}-p"))
+            .await
+            .expect("provider");
+        shard.export(&provider.path, &ty).await.expect("export");
+        let mut consumers = Vec::new();
+        for (i, count) in objects.iter().enumerate() {
+            let ws = shard
+                .create_workspace("root", &format!("{tag}-c{i}"))
+                .await
+                .expect("consumer");
+            shard.bind(&ws.path, &provider.path, &ty).await.expect("bind");
+            let client = shard.user_client(&ws.path).await.expect("client");
+            namespace(&client, "team").await;
+            let names: Vec<String> = (0..*count).map(|n| format!("w-{n}")).collect();
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            create_objects(&client, &ty, "team", &names).await;
+            consumers.push((ws, client));
+        }
+        Self {
+            ty,
+            provider,
+            consumers,
+        }
+    }
+
+    async fn delete(self, shard: &KcpShard) {
+        for (ws, _) in &self.consumers {
+            delete_workspace(shard, ws).await;
+        }
+        delete_workspace(shard, &self.provider).await;
+    }
+}
+
+fn quotas(client: &Client) -> Api<ResourceQuota> {
+    Api::<ResourceQuota>::namespaced(client.clone(), "team")
+}
+
+/// With `--kcp-shared-watch-threshold 2` on a real shard, logical clusters counting a bound
+/// type share one wildcard metadata watch: each cluster's count stays exact (objects of other
+/// clusters and of other identities never leak in), a cluster joining while the shared watch
+/// runs lists its own share at a resourceVersion of the shard's single sequence, and events
+/// reach only their own cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logical_clusters_share_one_wildcard_watch_of_a_bound_type() {
+    let _one = LAZYQUOTA_ONLY.lock().await;
+    let shard = KcpShard::get(KcpFlavor::LazyquotaOnly);
+    remove_all_quotas(shard).await;
+    let tag = unique_name("s");
+    let fixture = Bound::new(shard, &tag, &[3, 2, 1]).await;
+    let key = fixture.ty.count_key();
+    let pp = PostParams::default();
+    let process = run_on(shard, &["--kcp-shared-watch-threshold", "2"]);
+    let c = |i: usize| &fixture.consumers[i].1;
+
+    quotas(c(0))
+        .create(&pp, &quota("q", &[(&key, "10")]))
+        .await
+        .expect("quota");
+    assert!(
+        used_becomes(&quotas(c(0)), "q", &key, "3").await.is_some(),
+        "c0 alone, own watch"
+    );
+    assert!(
+        becomes(&process, "lazyquota_kcp_shared_watches", 0.0).await,
+        "one cluster: nothing shared"
+    );
+    quotas(c(1))
+        .create(&pp, &quota("q", &[(&key, "10")]))
+        .await
+        .expect("quota");
+    assert!(
+        becomes(&process, "lazyquota_kcp_shared_watches", 1.0).await,
+        "two clusters: one shared wildcard watch; log:\n{}",
+        process.log()
+    );
+    assert!(
+        used_becomes(&quotas(c(1)), "q", &key, "2").await.is_some(),
+        "c1 exact"
+    );
+    // c2 joins the running shared watch: it lists its own share and takes only newer events.
+    quotas(c(2))
+        .create(&pp, &quota("q", &[(&key, "10")]))
+        .await
+        .expect("quota");
+    assert!(
+        used_becomes(&quotas(c(2)), "q", &key, "1").await.is_some(),
+        "c2 exact after joining"
+    );
+    assert_eq!(metric(&process, "lazyquota_kcp_shared_watches").await, Some(1.0));
+
+    // Deletes through the shared watch reach only their cluster.
+    let widgets =
+        |i: usize| Api::<DynamicObject>::namespaced_with(c(i).clone(), "team", &fixture.ty.resource());
+    widgets(1)
+        .delete("w-0", &DeleteParams::default())
+        .await
+        .expect("delete");
+    widgets(0)
+        .delete("w-0", &DeleteParams::default())
+        .await
+        .expect("delete");
+    assert!(
+        used_becomes(&quotas(c(1)), "q", &key, "1").await.is_some(),
+        "c1's delete"
+    );
+    assert!(
+        used_becomes(&quotas(c(0)), "q", &key, "2").await.is_some(),
+        "c0's delete"
+    );
+    assert!(
+        used_becomes(&quotas(c(2)), "q", &key, "1").await.is_some(),
+        "c2 untouched"
+    );
+
+    // Two leave: the last one goes back to a watch of its own and stays exact.
+    quotas(c(0))
+        .delete("q", &DeleteParams::default())
+        .await
+        .expect("delete quota");
+    quotas(c(1))
+        .delete("q", &DeleteParams::default())
+        .await
+        .expect("delete quota");
+    assert!(
+        becomes(&process, "lazyquota_kcp_shared_watches", 0.0).await,
+        "below the threshold"
+    );
+    widgets(2)
+        .delete("w-0", &DeleteParams::default())
+        .await
+        .expect("delete");
+    assert!(
+        used_becomes(&quotas(c(2)), "q", &key, "0").await.is_some(),
+        "c2 exact on its own watch; log:\n{}",
+        process.log()
+    );
+    drop(process);
+    fixture.delete(shard).await;
+}
+
+/// lazyquota talks to the shard through a proxy that cuts every connection after 0.1–2 s
+/// (wildcard watches, per-cluster watches, lists and status writes alike) while objects are
+/// created and deleted; a workspace holds more configmaps than one list page (500), so lists
+/// are paginated. Over HTTP/2. Once the cuts stop, every count is exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_stay_exact_through_watch_cuts_and_paginated_lists() {
+    let _one = LAZYQUOTA_ONLY.lock().await;
+    let shard = KcpShard::get(KcpFlavor::LazyquotaOnly);
+    remove_all_quotas(shard).await;
+    let tag = unique_name("cut");
+    let fixture = Bound::new(shard, &tag, &[4, 2]).await;
+    let (a, b) = (&fixture.consumers[0].1, &fixture.consumers[1].1);
+    create_configmaps(a, "team", 620, "page").await;
+    let target: std::net::SocketAddr = shard
+        .url()
+        .trim_start_matches("https://")
+        .parse()
+        .expect("loopback address");
+    let proxy = lazyquota_testenv::proxy::CuttingProxy::start(target, 7)
+        .await
+        .expect("proxy");
+    let kubeconfig = std::env::temp_dir().join(format!("{}.kubeconfig", unique_name("shard")));
+    shard.shard_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let url = format!("https://{}", proxy.addr());
+    let process = Lazyquota::start(&kubeconfig, &["--kcp-shard-url", &url, "--transport", "http2"]);
+
+    let key = fixture.ty.count_key();
+    let pp = PostParams::default();
+    let hard = [(key.as_str(), "1000"), ("count/configmaps", "1000")];
+    quotas(a).create(&pp, &quota("q", &hard)).await.expect("quota");
+    quotas(b).create(&pp, &quota("q", &hard)).await.expect("quota");
+    // 620 + kube-root-ca.crt.
+    assert!(
+        used_becomes(&quotas(a), "q", "count/configmaps", "621")
+            .await
+            .is_some(),
+        "a paginated list counts every configmap; log:\n{}",
+        process.log()
+    );
+    proxy.set_cutting(true);
+    let configmaps = Api::<ConfigMap>::namespaced(a.clone(), "team");
+    for i in 0..40 {
+        configmaps
+            .delete(&format!("page-{i}"), &DeleteParams::default())
+            .await
+            .expect("delete");
+        if i % 4 == 0 {
+            let ws = if i % 8 == 0 { a } else { b };
+            let n = format!("cut-{i}");
+            create_objects(ws, &fixture.ty, "team", &[n.as_str()]).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Api::<DynamicObject>::namespaced_with(b.clone(), "team", &fixture.ty.resource())
+        .delete("w-0", &DeleteParams::default())
+        .await
+        .expect("delete");
+    // Cuts go on a little after the churn, as with an idle watch.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    proxy.set_cutting(false);
+    assert!(proxy.cuts() > 3, "the proxy cut connections ({})", proxy.cuts());
+    // a: 621 − 40 configmaps; widgets 4 + 5 (i = 0, 8, 16, 24, 32); b: 2 + 5 − 1.
+    for (client, cms, widgets) in [(a, "581", "9"), (b, "1", "6")] {
+        assert!(
+            used_becomes(&quotas(client), "q", "count/configmaps", cms)
+                .await
+                .is_some(),
+            "configmaps exact after the cuts; log:\n{}",
+            process.log()
+        );
+        assert!(
+            used_becomes(&quotas(client), "q", &key, widgets).await.is_some(),
+            "widgets exact after the cuts"
+        );
+    }
+    drop(process);
+    fixture.delete(shard).await;
+}
+
+/// A quota naming a type no binding serves yet waits (pending); binding the type makes it
+/// counted — discovery reruns on APIBinding changes — and kcp's own quota admission then
+/// enforces the status lazyquota wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_apibinding_is_discovered_and_counted() {
+    let _one = LAZYQUOTA_ONLY.lock().await;
+    let shard = KcpShard::get(KcpFlavor::LazyquotaOnly);
+    remove_all_quotas(shard).await;
+    let tag = unique_name("nb");
+    let ty = ExportedType::new(&format!("{tag}.example.io"), "gadgets", "v1");
+    let provider = shard
+        .create_workspace("root", &format!("{tag}-p"))
+        .await
+        .expect("p");
+    shard.export(&provider.path, &ty).await.expect("export");
+    let ws = shard
+        .create_workspace("root", &format!("{tag}-c"))
+        .await
+        .expect("c");
+    let client = shard.user_client(&ws.path).await.expect("client");
+    namespace(&client, "team").await;
+    let process = run_on(shard, &["--discovery-poll", "10m"]);
+    let key = ty.count_key();
+    quotas(&client)
+        .create(&PostParams::default(), &quota("q", &[(&key, "10")]))
+        .await
+        .expect("quota");
+    assert!(
+        becomes(&process, "lazyquota_kcp_engaged_clusters", 1.0).await,
+        "engaged by its quota"
+    );
+    let pending = format!("lazyquota_pending_resources{{resource=\"gadgets.{tag}.example.io\"}}");
+    assert!(
+        becomes(&process, &pending, 1.0).await,
+        "the type is pending before the binding"
+    );
+    shard.bind(&ws.path, &provider.path, &ty).await.expect("bind");
+    create_objects(&client, &ty, "team", &["a", "b"]).await;
+    Api::<DynamicObject>::namespaced_with(client.clone(), "team", &ty.resource())
+        .delete("b", &DeleteParams::default())
+        .await
+        .expect("delete");
+    assert!(
+        used_becomes(&quotas(&client), "q", &key, "1").await.is_some(),
+        "counted once bound (a delete, which admission cannot count); log:\n{}",
+        process.log()
+    );
+    drop(process);
+    delete_workspace(shard, &ws).await;
+    delete_workspace(shard, &provider).await;
+}
+
+/// Shadow mode next to kcp's own quota controller on the same workspaces: once both have
+/// settled, lazyquota computes exactly what kcp wrote, key for key (configmaps and a bound type,
+/// after creates and deletes), and reports no disagreement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_mode_agrees_with_kcps_own_quota_controller() {
+    let _one = OWN_QUOTA.lock().await;
+    let shard = KcpShard::get(KcpFlavor::OwnQuota);
+    remove_all_quotas(shard).await;
+    let tag = unique_name("sh");
+    let fixture = Bound::new(shard, &tag, &[3, 2]).await;
+    let key = fixture.ty.count_key();
+    let pp = PostParams::default();
+    for (_, client) in &fixture.consumers {
+        create_configmaps(client, "team", 2, "cm").await;
+        quotas(client)
+            .create(&pp, &quota("q", &[(&key, "10"), ("count/configmaps", "10")]))
+            .await
+            .expect("quota");
+    }
+    let (a, b) = (&fixture.consumers[0].1, &fixture.consumers[1].1);
+    // kcp's controller writes first (lazyquota is not running yet).
+    assert!(
+        used_becomes(&quotas(a), "q", &key, "3").await.is_some(),
+        "kcp counts a's widgets"
+    );
+    assert!(
+        used_becomes(&quotas(b), "q", "count/configmaps", "3")
+            .await
+            .is_some(),
+        "kcp counts b's configmaps"
+    );
+
+    let process = run_on(shard, &["--shadow"]);
+    // Changes after the start: a create (admission charges it) and deletes in the quotas'
+    // namespaces (kcp's controller replenishes them).
+    create_objects(a, &fixture.ty, "team", &["new"]).await;
+    Api::<ConfigMap>::namespaced(b.clone(), "team")
+        .delete("cm-0", &DeleteParams::default())
+        .await
+        .expect("delete");
+    Api::<DynamicObject>::namespaced_with(b.clone(), "team", &fixture.ty.resource())
+        .delete("w-0", &DeleteParams::default())
+        .await
+        .expect("delete");
+    assert!(
+        used_becomes(&quotas(a), "q", &key, "4").await.is_some(),
+        "kcp: a's create"
+    );
+    assert!(
+        used_becomes(&quotas(b), "q", &key, "1").await.is_some(),
+        "kcp: b's delete"
+    );
+    assert!(
+        used_becomes(&quotas(b), "q", "count/configmaps", "2")
+            .await
+            .is_some(),
+        "kcp: b's delete"
+    );
+
+    let settled = eventually(WAIT, || async {
+        let (_, metrics) = process.get("/metrics").await?;
+        let disagreeing = metrics
+            .lines()
+            .any(|l| l.starts_with("lazyquota_shadow_disagreements{") && !l.ends_with(" 0"));
+        let agreed = metrics
+            .lines()
+            .find(|l| l.starts_with("lazyquota_quota_syncs_total{result=\"shadow_agree\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        (!disagreeing && agreed >= 2.0).then_some(())
+    })
+    .await;
+    assert!(
+        settled.is_some(),
+        "shadow mode agrees with kcp; log:\n{}",
+        process.log()
+    );
+
+    // Value for value: every key of both quotas, lazyquota's direct computation = kcp's status.
+    let out = lazyquota_cli(shard, &["usage", "-o", "json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let usage: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let mine: Vec<&serde_json::Value> = usage
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter(|q| {
+            fixture
+                .consumers
+                .iter()
+                .any(|(ws, _)| q["cluster"] == ws.cluster.as_str())
+        })
+        .collect();
+    assert_eq!(mine.len(), 2, "both quotas reported");
+    for q in mine {
+        assert_eq!(
+            q["workspace"].as_str().map(|w| w.starts_with("root:")),
+            Some(true)
+        );
+        for k in q["keys"].as_array().expect("keys") {
+            assert_eq!(k["computed"], k["stored"], "{}: {k}", q["cluster"]);
+            assert!(k["computed"].is_string(), "computed: {k}");
+        }
+    }
+    drop(process);
+    fixture.delete(shard).await;
+}
