@@ -603,6 +603,7 @@ async fn usage(args: UsageArgs) -> anyhow::Result<()> {
         namespace,
         output,
     } = args;
+    let kcp = cluster.kcp_shard_url.is_some();
     let endpoints = cluster.endpoints().await?;
     let mut report = Vec::new();
     for Endpoint {
@@ -611,7 +612,7 @@ async fn usage(args: UsageArgs) -> anyhow::Result<()> {
         workspace,
     } in &endpoints
     {
-        let quotas = report::usage(client, name, namespace.as_deref(), FeatureGates::default())
+        let quotas = report::usage(client, name, namespace.as_deref(), FeatureGates::default(), kcp)
             .await
             .with_context(|| in_cluster(&endpoints, name))?;
         report.extend(quotas.into_iter().map(|q| report::QuotaUsage {
@@ -677,6 +678,7 @@ async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
         namespace_watch_threshold,
         output,
     } = args;
+    let kcp = cluster.kcp_shard_url.is_some();
     let endpoints = cluster.endpoints().await?;
     let mut reports = Vec::with_capacity(endpoints.len());
     for Endpoint {
@@ -685,9 +687,15 @@ async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
         workspace,
     } in &endpoints
     {
-        let report = report::explain(client, name, namespace_watch_threshold, FeatureGates::default())
-            .await
-            .with_context(|| in_cluster(&endpoints, name))?;
+        let report = report::explain(
+            client,
+            name,
+            namespace_watch_threshold,
+            FeatureGates::default(),
+            kcp,
+        )
+        .await
+        .with_context(|| in_cluster(&endpoints, name))?;
         reports.push(report::Explain {
             workspace: workspace.clone(),
             ..report

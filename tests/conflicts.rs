@@ -60,3 +60,69 @@ async fn a_concurrent_status_writer_does_not_win() {
         .expect("lazyquota's value wins back");
     ns.delete().await.expect("delete namespace");
 }
+
+/// A status write changes only the status: the quota's labels and annotations (Helm's
+/// ownership annotations, kcp's cluster-scoped annotation) stay, and a key dropped from
+/// `spec.hard` leaves `status.hard` and `status.used`. (Before, a PUT of the status subresource
+/// with a body of lazyquota's own removed every label and annotation: ResourceQuota's status
+/// strategy keeps only the old spec.)
+#[tokio::test]
+async fn a_status_write_keeps_labels_and_annotations() {
+    let _lazy = controller(Flavor::LazyquotaOnly, test_config());
+    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "keep-meta")
+        .await
+        .expect("namespace");
+    let quotas = ns.api::<ResourceQuota>();
+    let mut q = quota("q", &[("count/configmaps", "50"), ("count/secrets", "5")]);
+    q.metadata.labels = Some(BTreeMap::from([(
+        "app.kubernetes.io/managed-by".to_owned(),
+        "Helm".to_owned(),
+    )]));
+    q.metadata.annotations = Some(BTreeMap::from([(
+        "meta.helm.sh/release-name".to_owned(),
+        "team-quota".to_owned(),
+    )]));
+    quotas.create(&PostParams::default(), &q).await.expect("quota");
+    used_becomes(&quotas, "q", "count/configmaps", "1")
+        .await
+        .expect("computed");
+    let written = quotas.get("q").await.expect("quota");
+    assert_eq!(
+        written
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("app.kubernetes.io/managed-by")),
+        Some(&"Helm".to_owned()),
+        "labels kept"
+    );
+    assert_eq!(
+        written
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("meta.helm.sh/release-name")),
+        Some(&"team-quota".to_owned()),
+        "annotations kept"
+    );
+    // A key leaves spec.hard: it leaves the status too.
+    quotas
+        .patch(
+            "q",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"hard": {"count/secrets": null}}})),
+        )
+        .await
+        .expect("patch");
+    let dropped = lazyquota_testenv::eventually(Duration::from_secs(30), || async {
+        let status = quotas.get("q").await.ok()?.status?;
+        let gone = !status.hard?.contains_key("count/secrets") && !status.used?.contains_key("count/secrets");
+        gone.then_some(())
+    })
+    .await;
+    assert!(
+        dropped.is_some(),
+        "count/secrets left status.hard and status.used"
+    );
+    ns.delete().await.expect("delete namespace");
+}

@@ -65,6 +65,7 @@ impl Bytes<'_> {
             spec_hard: spec,
             status_hard: status,
             scopes: QuotaScopes::from_requirements(scopes.iter().map(|s| ScopeRequirement::from_scope(s)).collect()),
+            cluster_scoped: false,
         };
         Some((QuotaKey::new(&ClusterName::new(cluster), &format!("ns{ns}"), &format!("q{name}")), policy))
     }

@@ -320,6 +320,7 @@ pub async fn converged(ns: &lazyquota_testenv::TestNamespace) -> Option<()> {
         &lazyquota_index::keys::ClusterName::new("default"),
         Some(ns.name()),
         lazyquota_quota::FeatureGates::default(),
+        false,
     )
     .await
     .ok()?;

@@ -21,8 +21,8 @@ use lazyquota_quota::{
 };
 
 use crate::{
-    keys::{ClusterName, GroupResource, Need, QuotaKey},
-    policy::{DemandChange, PolicyIndex, QuotaPolicy},
+    keys::{ALL_NAMESPACES, ClusterName, GroupResource, Need, QuotaKey},
+    policy::{DemandChange, KCP_CLUSTER_SCOPED_ANNOTATION, PolicyIndex, QuotaPolicy, kcp_cluster_scoped},
     resolver::{Resolver, ResolverChange, ServedResource},
     store::{Change, HeapSize, PartitionKey, UsageStore},
 };
@@ -45,8 +45,9 @@ pub struct QuotaState {
 }
 
 impl QuotaState {
-    /// Parses a quota into the index's policy and the kept state.
-    pub fn from_quota(quota: &ResourceQuota) -> (QuotaPolicy, Self) {
+    /// Parses a quota into the index's policy and the kept state; with `kcp`, kcp's
+    /// cluster-scoped quotas are recognised ([`kcp_cluster_scoped`]).
+    pub fn from_quota(quota: &ResourceQuota, kcp: bool) -> (QuotaPolicy, Self) {
         let spec = QuotaSpec::from_resource_quota(quota);
         let status = quota.status.as_ref();
         let policy = QuotaPolicy {
@@ -56,6 +57,16 @@ impl QuotaState {
                 .map(|h| h.keys().cloned().collect())
                 .unwrap_or_default(),
             scopes: spec.scopes.clone(),
+            cluster_scoped: kcp
+                && kcp_cluster_scoped(
+                    quota.metadata.namespace.as_deref().unwrap_or_default(),
+                    quota
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(KCP_CLUSTER_SCOPED_ANNOTATION))
+                        .map(String::as_str),
+                ),
         };
         let state = Self {
             spec,
@@ -70,7 +81,7 @@ impl QuotaState {
 }
 
 /// What the store keeps of one object, as extracted by the watch.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum Projected {
     /// Existence only.
     Meta,
@@ -140,6 +151,8 @@ pub enum Applied {
 #[derive(Debug)]
 pub struct Engine {
     gates: FeatureGates,
+    /// kcp semantics: cluster-scoped quotas in `admin` count every namespace.
+    kcp: bool,
     /// Quotas and demand.
     pub index: PolicyIndex<QuotaState>,
     /// What each cluster serves.
@@ -180,6 +193,7 @@ impl Engine {
     pub fn new(gates: FeatureGates) -> Self {
         Self {
             gates,
+            kcp: false,
             index: PolicyIndex::new(gates),
             resolver: Resolver::new(),
             registries: HashMap::new(),
@@ -188,6 +202,16 @@ impl Engine {
             services: UsageStore::new(),
             pvcs: UsageStore::new(),
         }
+    }
+
+    /// The engine with kcp's quota semantics: a ResourceQuota in namespace `admin` annotated
+    /// `experimental.quota.kcp.io/cluster-scoped: "true"` computes its keys over every
+    /// namespace of its logical cluster, as kcp's own quota controller does.
+    #[must_use]
+    pub fn with_kcp_semantics(mut self) -> Self {
+        self.kcp = true;
+        self.resolver = std::mem::take(&mut self.resolver).with_cluster_scoped();
+        self
     }
 
     /// The feature gates.
@@ -199,11 +223,12 @@ impl Engine {
 
     /// Adds or updates a quota.
     pub fn apply_quota(&mut self, key: QuotaKey, quota: &ResourceQuota) -> QuotaUpdate {
-        let (policy, state) = QuotaState::from_quota(quota);
+        let (policy, state) = QuotaState::from_quota(quota, self.kcp);
         let recompute = match self.index.get(&key) {
             None => true,
             Some(old) => {
-                old.payload.spec.hard_keys != state.spec.hard_keys
+                (&**old.demand_namespace() == ALL_NAMESPACES) != policy.cluster_scoped
+                    || old.payload.spec.hard_keys != state.spec.hard_keys
                     || !same_quantities(old.payload.spec_hard.as_ref(), state.spec_hard.as_ref())
                     || old.payload.spec.scopes != state.spec.scopes
             }
@@ -232,10 +257,11 @@ impl Engine {
         cluster: &ClusterName,
         quotas: impl IntoIterator<Item = (QuotaKey, &'a ResourceQuota)>,
     ) -> Vec<DemandChange> {
+        let kcp = self.kcp;
         let entries: Vec<_> = quotas
             .into_iter()
             .map(|(key, quota)| {
-                let (policy, state) = QuotaState::from_quota(quota);
+                let (policy, state) = QuotaState::from_quota(quota, kcp);
                 (key, policy, state)
             })
             .collect();
@@ -507,6 +533,7 @@ impl Engine {
                 let need = entry.demands().get(&evaluator.group_resource()).copied();
                 let used = self.evaluate(
                     key,
+                    entry.demand_namespace(),
                     need,
                     evaluator,
                     keys,
@@ -536,12 +563,13 @@ impl Engine {
         })
     }
 
-    /// One evaluator's usage in the quota's namespace, or `None` if it cannot be computed now
+    /// One evaluator's usage in `namespace` (the quota's demand namespace), or `None` if it cannot be computed now
     /// (its resource is not synced): its keys then keep their previous values.
     #[allow(clippy::too_many_arguments)] // all of it is one evaluation's context
     fn evaluate(
         &self,
         quota: &QuotaKey,
+        namespace: &std::sync::Arc<str>,
         need: Option<Need>,
         evaluator: &Evaluator,
         keys: &[String],
@@ -553,7 +581,8 @@ impl Engine {
         let p = PartitionKey {
             cluster: quota.cluster.clone(),
             resource: evaluator.group_resource(),
-            namespace: quota.namespace.clone(),
+            // Its own namespace, or every namespace for kcp's cluster-scoped quotas.
+            namespace: namespace.clone(),
         };
         let none: [&PodProjection; 0] = [];
         match (need, evaluator) {

@@ -65,6 +65,12 @@ pub struct NamespaceKey {
     pub namespace: Arc<str>,
 }
 
+/// The namespace of a demand that covers every namespace of a logical cluster and its
+/// cluster-scoped objects: kcp's cluster-scoped quotas ([`crate::policy::QuotaPolicy::cluster_scoped`]).
+/// No namespace can be named so. Objects in a partition of this namespace are identified by
+/// `<namespace>/<name>`, since names repeat across namespaces.
+pub const ALL_NAMESPACES: &str = "*";
+
 /// How much of each object a demand needs. Ordered: `Typed` serves `Count` too.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
 pub enum Need {

@@ -22,7 +22,7 @@ use lazyquota_quota::{FeatureGates, QuotaScopes};
 
 use crate::{
     demand::{needs, replenished_by},
-    keys::{ClusterName, GroupResource, Need, QuotaKey},
+    keys::{ALL_NAMESPACES, ClusterName, GroupResource, Need, QuotaKey},
 };
 
 /// What the index needs to know of a ResourceQuota.
@@ -34,11 +34,30 @@ pub struct QuotaPolicy {
     pub status_hard: Vec<String>,
     /// `spec.scopes` and `spec.scopeSelector`.
     pub scopes: QuotaScopes,
+    /// kcp's cluster-scoped quota (see [`kcp_cluster_scoped`]): its keys are computed over
+    /// every namespace of the logical cluster, so its demand is for [`ALL_NAMESPACES`].
+    pub cluster_scoped: bool,
+}
+
+/// The annotation that makes a kcp ResourceQuota in namespace [`KCP_ADMIN_NAMESPACE`]
+/// cluster-scoped (kcp's `experimental.quota.kcp.io/cluster-scoped`).
+pub const KCP_CLUSTER_SCOPED_ANNOTATION: &str = "experimental.quota.kcp.io/cluster-scoped";
+
+/// The namespace a kcp cluster-scoped quota must live in.
+pub const KCP_ADMIN_NAMESPACE: &str = "admin";
+
+/// Whether a quota in `namespace` with `annotation` (the value of
+/// [`KCP_CLUSTER_SCOPED_ANNOTATION`], if any) is one of kcp's cluster-scoped quotas: in the
+/// `admin` namespace, with a value Go's `strconv.ParseBool` reads as true (kcp parses it so).
+pub fn kcp_cluster_scoped(namespace: &str, annotation: Option<&str>) -> bool {
+    namespace == KCP_ADMIN_NAMESPACE && matches!(annotation, Some("1" | "t" | "T" | "TRUE" | "true" | "True"))
 }
 
 /// One quota in the index.
 #[derive(Debug)]
 pub struct QuotaEntry<T> {
+    /// The namespace its demand is for: its own, or [`ALL_NAMESPACES`] if cluster-scoped.
+    namespace: Arc<str>,
     /// The resources of the `status.hard` keys' evaluators (replenishment routing).
     status_resources: BTreeSet<GroupResource>,
     /// What this quota adds to the demand: resource → need.
@@ -51,6 +70,11 @@ impl<T> QuotaEntry<T> {
     /// The resources this quota demands and how much of each object it needs.
     pub fn demands(&self) -> &BTreeMap<GroupResource, Need> {
         &self.demands
+    }
+
+    /// The namespace its keys are computed over: its own, or [`ALL_NAMESPACES`].
+    pub fn demand_namespace(&self) -> &Arc<str> {
+        &self.namespace
     }
 }
 
@@ -133,19 +157,35 @@ impl<T> PolicyIndex<T> {
             .iter()
             .flat_map(|k| replenished_by(k, self.gates))
             .collect();
-        let old = self.quotas.remove(&key);
+        let namespace: Arc<str> = if policy.cluster_scoped {
+            Arc::from(ALL_NAMESPACES)
+        } else {
+            key.namespace.clone()
+        };
         let mut changes = Vec::new();
-        let old_demands = old.map(|e| e.demands).unwrap_or_default();
-        self.adjust(&key, &old_demands, &demands, &mut changes);
+        match self.quotas.get(&key) {
+            // The same namespace: only the net change of demand.
+            Some(old) if old.namespace == namespace => {
+                let old_demands = old.demands.clone();
+                self.adjust(&key.cluster, &namespace, &old_demands, &demands, &mut changes);
+            }
+            // New, or it became (or stopped being) cluster-scoped: out of the old namespace.
+            Some(_) => {
+                changes = self.delete(&key);
+                self.adjust(&key.cluster, &namespace, &BTreeMap::new(), &demands, &mut changes);
+            }
+            None => self.adjust(&key.cluster, &namespace, &BTreeMap::new(), &demands, &mut changes),
+        }
         self.by_namespace
             .entry(key.cluster.clone())
             .or_default()
-            .entry(key.namespace.clone())
+            .entry(namespace.clone())
             .or_default()
             .insert(key.clone());
         self.quotas.insert(
             key,
             QuotaEntry {
+                namespace,
                 status_resources,
                 demands,
                 payload,
@@ -158,13 +198,19 @@ impl<T> PolicyIndex<T> {
     pub fn delete(&mut self, key: &QuotaKey) -> Vec<DemandChange> {
         let mut changes = Vec::new();
         if let Some(old) = self.quotas.remove(key) {
-            self.adjust(key, &old.demands, &BTreeMap::new(), &mut changes);
+            self.adjust(
+                &key.cluster,
+                &old.namespace,
+                &old.demands,
+                &BTreeMap::new(),
+                &mut changes,
+            );
             if let Some(namespaces) = self.by_namespace.get_mut(&key.cluster)
-                && let Some(keys) = namespaces.get_mut(&*key.namespace)
+                && let Some(keys) = namespaces.get_mut(&*old.namespace)
             {
                 keys.remove(key);
                 if keys.is_empty() {
-                    namespaces.remove(&*key.namespace);
+                    namespaces.remove(&*old.namespace);
                 }
                 if namespaces.is_empty() {
                     self.by_namespace.remove(&key.cluster);
@@ -200,7 +246,8 @@ impl<T> PolicyIndex<T> {
 
     fn adjust(
         &mut self,
-        key: &QuotaKey,
+        cluster: &ClusterName,
+        namespace: &Arc<str>,
         old: &BTreeMap<GroupResource, Need>,
         new: &BTreeMap<GroupResource, Need>,
         changes: &mut Vec<DemandChange>,
@@ -213,9 +260,9 @@ impl<T> PolicyIndex<T> {
             }
             let namespaces = self
                 .demand
-                .entry((key.cluster.clone(), resource.clone()))
+                .entry((cluster.clone(), resource.clone()))
                 .or_default();
-            let refs = namespaces.entry(key.namespace.clone()).or_default();
+            let refs = namespaces.entry(namespace.clone()).or_default();
             let from = refs.need();
             if let Some(need) = was {
                 *refs.slot(*need) -= 1;
@@ -225,16 +272,16 @@ impl<T> PolicyIndex<T> {
             }
             let to = refs.need();
             if to.is_none() {
-                namespaces.remove(&key.namespace);
+                namespaces.remove(namespace);
                 if namespaces.is_empty() {
-                    self.demand.remove(&(key.cluster.clone(), resource.clone()));
+                    self.demand.remove(&(cluster.clone(), resource.clone()));
                 }
             }
             if from != to {
                 changes.push(DemandChange {
-                    cluster: key.cluster.clone(),
+                    cluster: cluster.clone(),
                     resource: resource.clone(),
-                    namespace: key.namespace.clone(),
+                    namespace: namespace.clone(),
                     from,
                     to,
                 });
@@ -314,7 +361,13 @@ impl<T> PolicyIndex<T> {
         namespace: &str,
         resource: &GroupResource,
     ) -> Vec<QuotaKey> {
+        // kcp's cluster-scoped quotas count objects of every namespace.
+        let everywhere = (namespace != ALL_NAMESPACES)
+            .then(|| self.in_namespace(cluster, ALL_NAMESPACES))
+            .into_iter()
+            .flatten();
         self.in_namespace(cluster, namespace)
+            .chain(everywhere)
             .filter(|k| {
                 self.quotas
                     .get(*k)
@@ -392,7 +445,61 @@ mod tests {
                     .map(|s| lazyquota_quota::scope::ScopeRequirement::from_scope(s))
                     .collect(),
             ),
+            cluster_scoped: false,
         }
+    }
+
+    #[test]
+    fn kcps_cluster_scoped_quotas_are_recognised_as_kcp_parses_the_annotation() {
+        assert!(kcp_cluster_scoped("admin", Some("true")));
+        assert!(kcp_cluster_scoped("admin", Some("1")));
+        assert!(kcp_cluster_scoped("admin", Some("True")));
+        assert!(!kcp_cluster_scoped("admin", Some("yes")), "ParseBool rejects yes");
+        assert!(!kcp_cluster_scoped("admin", Some("false")));
+        assert!(!kcp_cluster_scoped("admin", None));
+        assert!(
+            !kcp_cluster_scoped("team", Some("true")),
+            "only in the admin namespace"
+        );
+    }
+
+    /// A cluster-scoped quota demands its resources in every namespace; objects anywhere
+    /// dirty it; toggling the annotation moves its demand between its namespace and all.
+    #[test]
+    fn a_cluster_scoped_quota_demands_every_namespace() {
+        let mut index = PolicyIndex::new(FeatureGates::default());
+        let cm = GroupResource::core("configmaps");
+        let mut p = policy(&["count/configmaps"], &[]);
+        p.cluster_scoped = true;
+        let changes = index.apply(key("admin", "q"), &p, ());
+        assert_eq!(changes.len(), 1);
+        assert_eq!(&*changes[0].namespace, ALL_NAMESPACES);
+        let c = ClusterName::new("c");
+        assert_eq!(
+            index
+                .demand_of(&c, &cm)
+                .keys()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>(),
+            [ALL_NAMESPACES]
+        );
+        assert_eq!(
+            index.dirtied_by(&c, "team-x", &cm),
+            [key("admin", "q")],
+            "any namespace"
+        );
+        assert_eq!(index.computing(&c, &cm), [key("admin", "q")]);
+        // The annotation goes: back to its own namespace only.
+        let changes = index.apply(key("admin", "q"), &policy(&["count/configmaps"], &[]), ());
+        let moved: BTreeSet<(String, Option<Need>)> =
+            changes.iter().map(|c| (c.namespace.to_string(), c.to)).collect();
+        assert_eq!(
+            moved,
+            [("*".to_owned(), None), ("admin".to_owned(), Some(Need::Count))].into()
+        );
+        assert!(index.dirtied_by(&c, "team-x", &cm).is_empty());
+        assert_eq!(index.delete(&key("admin", "q")).len(), 1);
+        assert!(index.demand_of(&c, &cm).is_empty());
     }
 
     fn key(ns: &str, name: &str) -> QuotaKey {

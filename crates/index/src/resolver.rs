@@ -28,9 +28,14 @@ pub struct ServedResource {
 impl ServedResource {
     /// Whether upstream would monitor it for quota.
     pub fn quotable(&self) -> bool {
+        self.namespaced && self.countable()
+    }
+
+    /// Whether it could be counted at all: the verbs a monitor needs, and not ignored. kcp
+    /// counts cluster-scoped resources such as these for its cluster-scoped quotas.
+    pub fn countable(&self) -> bool {
         const NEEDED: [&str; 4] = ["create", "list", "watch", "delete"];
-        self.namespaced
-            && NEEDED.iter().all(|v| self.verbs.iter().any(|have| have == v))
+        NEEDED.iter().all(|v| self.verbs.iter().any(|have| have == v))
             && !lazyquota_quota::names::is_ignored_resource(&self.resource)
     }
 }
@@ -50,12 +55,22 @@ pub enum ResolverChange {
 #[derive(Debug, Default)]
 pub struct Resolver {
     clusters: HashMap<ClusterName, BTreeMap<GroupResource, ServedResource>>,
+    /// kcp: cluster-scoped resources resolve too (its cluster-scoped quotas count them, e.g.
+    /// `count/workspaces.tenancy.kcp.io`); upstream monitors namespaced resources only.
+    cluster_scoped: bool,
 }
 
 impl Resolver {
     /// An empty resolver (nothing resolves until the first discovery run).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A resolver that also resolves cluster-scoped resources (kcp's quota semantics).
+    #[must_use]
+    pub fn with_cluster_scoped(mut self) -> Self {
+        self.cluster_scoped = true;
+        self
     }
 
     /// Replaces what `cluster` serves with a discovery run's results; keeps only quotable
@@ -71,9 +86,10 @@ impl Resolver {
         failed_groups: &[String],
     ) -> Vec<ResolverChange> {
         let old = self.clusters.remove(cluster).unwrap_or_default();
+        let cluster_scoped = self.cluster_scoped;
         let mut new: BTreeMap<GroupResource, ServedResource> = served
             .into_iter()
-            .filter(ServedResource::quotable)
+            .filter(|s| s.quotable() || (cluster_scoped && s.countable()))
             .map(|s| (s.resource.clone(), s))
             .collect();
         for (resource, served) in &old {

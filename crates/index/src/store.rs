@@ -444,7 +444,12 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::keys::object_id;
+    use crate::keys::ObjectIds;
+
+    fn object_id(name: &str) -> u64 {
+        static IDS: std::sync::LazyLock<ObjectIds> = std::sync::LazyLock::new(ObjectIds::default);
+        IDS.id(name)
+    }
 
     fn key(ns: &str) -> PartitionKey {
         PartitionKey {

@@ -25,13 +25,13 @@ use futures::{
     stream::{AbortHandle, BoxStream, FuturesUnordered, SelectAll},
 };
 use k8s_openapi::{
-    api::core::v1::{ObjectReference, ResourceQuota, ResourceQuotaStatus},
+    api::core::v1::{ObjectReference, ResourceQuota},
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     kube_aggregator::pkg::apis::apiregistration::v1::APIService,
 };
 use kube::{
     Api, Client, ResourceExt as _,
-    api::{ObjectMeta, PartialObjectMeta, PostParams},
+    api::{PartialObjectMeta, Patch, PatchParams},
     runtime::{
         WatchStreamExt as _,
         events::{Event, EventType, Recorder, Reporter},
@@ -40,7 +40,7 @@ use kube::{
 };
 use lazyquota_index::{
     engine::{Applied, Engine, Projected, StoreKind, same_value, store_kind},
-    keys::{ClusterName, GroupResource, Need, QuotaKey},
+    keys::{ALL_NAMESPACES, ClusterName, GroupResource, Need, QuotaKey},
     policy::DemandChange,
     queue::WorkQueue,
     resolver::ResolverChange,
@@ -312,7 +312,11 @@ impl Controller {
             client,
             options,
             interner: Arc::new(Interner::new()),
-            engine: Engine::new(config.gates),
+            engine: if config.kcp {
+                Engine::new(config.gates).with_kcp_semantics()
+            } else {
+                Engine::new(config.gates)
+            },
             watches: BTreeMap::new(),
             by_id: HashMap::new(),
             streams: SelectAll::new(),
@@ -654,7 +658,17 @@ impl Controller {
         let Some(need) = demand.values().copied().max() else {
             return desired;
         };
-        if demand.len() > self.config.namespace_watch_threshold {
+        // kcp's cluster-scoped quotas demand every namespace, and a cluster-scoped resource
+        // (kcp only) has no namespaced watch: one cluster-wide watch.
+        let namespaced = self
+            .engine
+            .resolver
+            .get(cluster, resource)
+            .is_some_and(|s| s.namespaced);
+        if !namespaced
+            || demand.contains_key(ALL_NAMESPACES)
+            || demand.len() > self.config.namespace_watch_threshold
+        {
             desired.insert(key(None, need), demand.keys().cloned().collect());
         } else {
             for ns in demand.keys() {
@@ -683,6 +697,11 @@ impl Controller {
             }
             let added: Vec<Arc<str>> = namespaces.difference(&running.namespaces).cloned().collect();
             let removed: Vec<Arc<str>> = running.namespaces.difference(namespaces).cloned().collect();
+            if added.iter().chain(&removed).any(|ns| &**ns == ALL_NAMESPACES) {
+                // Every namespace joins (or leaves) at once: a relist, not a fill per namespace.
+                self.stop_watch(&key);
+                continue;
+            }
             for ns in &removed {
                 running.namespaces.remove(ns);
             }
@@ -691,7 +710,19 @@ impl Controller {
             for ns in removed {
                 self.engine.release(kind, &partition(&key, &ns));
             }
+            let namespaced = self
+                .engine
+                .resolver
+                .get(cluster, resource)
+                .is_some_and(|s| s.namespaced);
             for ns in added {
+                if !namespaced {
+                    // A namespace holds no cluster-scoped object: nothing to list.
+                    let p = partition(&key, &ns);
+                    self.engine.begin_fill(kind, p.clone());
+                    self.engine.finish_fill(kind, &p, Vec::new());
+                    continue;
+                }
                 // A namespace joining a cluster-wide watch is filled by a list of its own; the
                 // shared watch keeps running (no relist of the whole resource).
                 self.engine.begin_fill(kind, partition(&key, &ns));
@@ -751,7 +782,12 @@ impl Controller {
                     }
                     let now = Instant::now();
                     for quota in self.engine.index.computing(&key.cluster, &key.resource) {
-                        if quota.namespace == *namespace {
+                        let demand_ns = self
+                            .engine
+                            .index
+                            .get(&quota)
+                            .map(|e| e.demand_namespace().clone());
+                        if demand_ns.as_ref() == Some(namespace) {
                             self.queue.add(quota, now);
                         }
                     }
@@ -883,11 +919,12 @@ impl Controller {
                 name,
                 object,
             }) => {
-                let p = partition(&key, &namespace);
-                if self.ensure_held(&key, kind, &p)
-                    && let Some(reason) = self.engine.relist_apply(kind, &p, object_id(&name), object)
-                {
-                    warn!(watch = %key, %namespace, %name, %reason, "object could not be projected; left out of usage");
+                for (p, id, object) in self.targets(&key, &namespace, &name, object) {
+                    if self.ensure_held(&key, kind, &p)
+                        && let Some(reason) = self.engine.relist_apply(kind, &p, id, object)
+                    {
+                        warn!(watch = %key, %namespace, %name, %reason, "object could not be projected; left out of usage");
+                    }
                 }
             }
             WatchItem::InitDone => {
@@ -917,22 +954,28 @@ impl Controller {
                 name,
                 object,
             }) => {
-                let p = partition(&key, &namespace);
-                if !self.ensure_held(&key, kind, &p) {
-                    return; // another namespace's object on a cluster-wide watch: dropped at ingest
-                }
-                match self.engine.apply(kind, &p, object_id(&name), object, now()) {
-                    Applied::Replenish => self.replenish(&key, &namespace),
-                    Applied::Malformed(reason) => {
-                        warn!(watch = %key, %namespace, %name, %reason, "object could not be projected; left out of usage");
+                for (p, id, object) in self.targets(&key, &namespace, &name, object) {
+                    if !self.ensure_held(&key, kind, &p) {
+                        continue; // another namespace's object on a cluster-wide watch: dropped at ingest
                     }
-                    Applied::Stored | Applied::NotHeld => {}
+                    match self.engine.apply(kind, &p, id, object, now()) {
+                        Applied::Replenish => self.replenish(&key, &p.namespace),
+                        Applied::Malformed(reason) => {
+                            warn!(watch = %key, %namespace, %name, %reason, "object could not be projected; left out of usage");
+                        }
+                        Applied::Stored | Applied::NotHeld => {}
+                    }
                 }
             }
-            WatchItem::Delete(ObjectEvent { namespace, name, .. }) => {
-                let p = partition(&key, &namespace);
-                if self.engine.delete(kind, &p, object_id(&name)) == Applied::Replenish {
-                    self.replenish(&key, &namespace);
+            WatchItem::Delete(ObjectEvent {
+                namespace,
+                name,
+                object,
+            }) => {
+                for (p, id, _) in self.targets(&key, &namespace, &name, object) {
+                    if self.engine.delete(kind, &p, id) == Applied::Replenish {
+                        self.replenish(&key, &p.namespace);
+                    }
                 }
             }
             WatchItem::Failed(reason, message) => {
@@ -962,6 +1005,44 @@ impl Controller {
         }
     }
 
+    /// The partitions an object of a watch goes to, each with the object's id there: its
+    /// namespace's and, while some kcp cluster-scoped quota demands every namespace, the
+    /// all-namespaces partition (where `<namespace>/<name>` identifies it). Held or not is the
+    /// caller's check.
+    fn targets(
+        &self,
+        key: &WatchKey,
+        namespace: &str,
+        name: &str,
+        object: Projected,
+    ) -> Vec<(PartitionKey, u64, Projected)> {
+        let everywhere = self
+            .watches
+            .get(key)
+            .is_some_and(|r| r.namespaces.contains(ALL_NAMESPACES));
+        if !everywhere {
+            return vec![(partition(key, namespace), object_id(name), object)];
+        }
+        let all = (
+            partition(key, ALL_NAMESPACES),
+            object_id(&format!("{namespace}/{name}")),
+        );
+        if self
+            .watches
+            .get(key)
+            .is_some_and(|r| r.namespaces.contains(namespace))
+        {
+            // Also demanded in its own namespace (a second quota there): kept twice, once per
+            // partition (8 bytes for a count, a second projection for a typed object).
+            vec![
+                (partition(key, namespace), object_id(name), object.clone()),
+                (all.0, all.1, object),
+            ]
+        } else {
+            vec![(all.0, all.1, object)]
+        }
+    }
+
     /// The quotas whose keys are computed from the objects this watch fills.
     fn quotas_served_by(&self, key: &WatchKey) -> Vec<QuotaKey> {
         let Some(running) = self.watches.get(key) else {
@@ -971,7 +1052,14 @@ impl Controller {
             .index
             .computing(&key.cluster, &key.resource)
             .into_iter()
-            .filter(|q| running.hold_all || running.namespaces.contains(&q.namespace))
+            .filter(|q| {
+                running.hold_all
+                    || self
+                        .engine
+                        .index
+                        .get(q)
+                        .is_some_and(|e| running.namespaces.contains(e.demand_namespace()))
+            })
             .collect()
     }
 
@@ -1089,27 +1177,17 @@ impl Controller {
             self.queue.done(&key);
             return;
         }
-        let resource_version = self
+        let body = self
             .engine
             .index
             .get(&key)
-            .and_then(|e| e.payload.resource_version.clone());
-        let body = ResourceQuota {
-            metadata: ObjectMeta {
-                name: Some(key.name.to_string()),
-                namespace: Some(key.namespace.to_string()),
-                resource_version,
-                ..ObjectMeta::default()
-            },
-            spec: None,
-            status: Some(ResourceQuotaStatus {
-                hard: Some(decision.hard),
-                used: Some(decision.used),
-            }),
-        };
+            .map(|e| status_patch(&e.payload, &decision))
+            .unwrap_or_default();
         let api: Api<ResourceQuota> = Api::namespaced(self.client.clone(), &key.namespace);
         let write = async move {
-            let result = api.replace_status(&key.name, &PostParams::default(), &body).await;
+            let result = api
+                .patch_status(&key.name, &PatchParams::default(), &Patch::Merge(&body))
+                .await;
             (key, started, result)
         };
         self.writes.push(write.boxed());
@@ -1231,6 +1309,40 @@ impl Controller {
         self.stats.unavailable_groups = self.unavailable_groups.iter().cloned().collect();
         self.stats.clone()
     }
+}
+
+/// The status write: a JSON merge patch of `status.hard` and `status.used` — the keys computed
+/// now, and `null` for every key the quota's status had that is no longer there — guarded by
+/// the resourceVersion last seen (a precondition: 409 if the quota changed meanwhile).
+///
+/// Not a PUT of the status subresource with a body of our own: ResourceQuota's status strategy
+/// keeps only the old `spec`, so a PUT whose metadata lacks the quota's labels and annotations
+/// removes them (lazyquota keeps neither). That wiped `helm.sh` ownership annotations and kcp's
+/// `experimental.quota.kcp.io/cluster-scoped` before this patch.
+fn status_patch(state: &lazyquota_index::engine::QuotaState, decision: &StatusDecision) -> serde_json::Value {
+    fn merged(
+        now: &BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+        before: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+    ) -> serde_json::Map<String, serde_json::Value> {
+        let mut out: serde_json::Map<String, serde_json::Value> = now
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.0.clone())))
+            .collect();
+        for gone in before.into_iter().flat_map(BTreeMap::keys) {
+            out.entry(gone.clone()).or_insert(serde_json::Value::Null);
+        }
+        out
+    }
+    let mut patch = serde_json::json!({
+        "status": {
+            "hard": merged(&decision.hard, state.status_hard.as_ref()),
+            "used": merged(&decision.used, state.status_used.as_ref()),
+        }
+    });
+    if let Some(rv) = &state.resource_version {
+        patch["metadata"] = serde_json::json!({ "resourceVersion": rv });
+    }
+    patch
 }
 
 fn partition(key: &WatchKey, namespace: &str) -> PartitionKey {

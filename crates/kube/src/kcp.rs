@@ -167,6 +167,9 @@ pub struct Membership {
     deleted: BTreeSet<ClusterName>,
     /// Workspace path of each known LogicalCluster that has one (for logs).
     paths: BTreeMap<ClusterName, String>,
+    /// Whether the LogicalCluster watch has listed once: until then a quota's cluster might be
+    /// one being deleted, and its workspace path is unknown.
+    clusters_known: bool,
     quota_relist: Option<Vec<(ClusterName, String, String)>>,
     cluster_relist: Option<Vec<(ClusterName, String)>>,
 }
@@ -224,6 +227,7 @@ impl Membership {
         self.deleted.retain(|c| !listed.contains_key(c));
         self.paths.retain(|c, _| listed.contains_key(c));
         self.phases = listed;
+        self.clusters_known = true;
     }
 
     /// The clusters to serve now.
@@ -239,6 +243,11 @@ impl Membership {
             })
             .cloned()
             .collect()
+    }
+
+    /// Whether the LogicalClusters have been listed (nothing is engaged before).
+    pub fn clusters_known(&self) -> bool {
+        self.clusters_known
     }
 
     /// The workspace path of `cluster`, if its LogicalCluster has one (`kcp.io/path`).
@@ -395,6 +404,9 @@ pub async fn run(
                     controllers.send_replace(engaged.values().map(|e| e.handle.clone()).collect());
                 }
             }
+        }
+        if !membership.clusters_known() {
+            continue;
         }
         let desired = membership.desired();
         let mut changed = false;

@@ -13,7 +13,7 @@ use kube::{Api, Client, ResourceExt as _};
 use lazyquota_index::{
     demand::{needs, replenished_by},
     engine::{Engine, same_value, store_kind},
-    keys::{ClusterName, GroupResource, Need, QuotaKey},
+    keys::{ALL_NAMESPACES, ClusterName, GroupResource, Need, QuotaKey},
     resolver::ServedResource,
     store::PartitionKey,
 };
@@ -73,14 +73,17 @@ pub struct QuotaUsage {
 }
 
 /// Computes every quota's `status.used` (in `namespace`, or all) from direct lists.
+///
+/// With `kcp`, kcp's cluster-scoped quotas count every namespace, as `run` does on a shard.
 pub async fn usage(
     client: &Client,
     cluster: &ClusterName,
     namespace: Option<&str>,
     gates: FeatureGates,
+    kcp: bool,
 ) -> Result<Vec<QuotaUsage>, Error> {
     let cluster = cluster.clone();
-    let (engine, quotas) = load(client, &cluster, namespace, gates).await?;
+    let (engine, quotas) = load(client, &cluster, namespace, gates, kcp).await?;
     let now = now();
     let mut report = Vec::new();
     for quota in &quotas {
@@ -167,11 +170,13 @@ pub struct Explain {
 }
 
 /// What lazyquota (lazy mode, with `threshold`) watches for the cluster's quotas now, and why.
+/// With `kcp`, kcp's cluster-scoped quotas demand every namespace (`*`).
 pub async fn explain(
     client: &Client,
     cluster: &ClusterName,
     threshold: usize,
     gates: FeatureGates,
+    kcp: bool,
 ) -> Result<Explain, Error> {
     let cluster = cluster.clone();
     let discovered = discover(client).await.map_err(Error::Discovery)?;
@@ -180,7 +185,7 @@ pub async fn explain(
         .iter()
         .map(|s| (s.resource.clone(), s.clone()))
         .collect();
-    let (engine, quotas) = load_with(client, &cluster, None, gates, discovered, false).await?;
+    let (engine, quotas) = load_with(client, &cluster, None, gates, discovered, false, kcp).await?;
     let mut resources = Vec::new();
     let demanded: Vec<(ClusterName, GroupResource)> = engine.index.demanded().cloned().collect();
     for (c, resource) in demanded {
@@ -223,7 +228,7 @@ pub async fn explain(
                 Need::Count => "metadata",
                 Need::Typed => "typed",
             },
-            scope: if demand.len() > threshold {
+            scope: if demand.len() > threshold || demand.contains_key(ALL_NAMESPACES) {
                 "cluster-wide"
             } else {
                 "namespaced"
@@ -266,9 +271,10 @@ async fn load(
     cluster: &ClusterName,
     namespace: Option<&str>,
     gates: FeatureGates,
+    kcp: bool,
 ) -> Result<(Engine, Vec<ResourceQuota>), Error> {
     let discovered = discover(client).await.map_err(Error::Discovery)?;
-    load_with(client, cluster, namespace, gates, discovered, true).await
+    load_with(client, cluster, namespace, gates, discovered, true, kcp).await
 }
 
 /// Builds an engine from the cluster's quotas and, if `fill`, the objects they demand.
@@ -279,8 +285,13 @@ async fn load_with(
     gates: FeatureGates,
     discovered: Discovered,
     fill: bool,
+    kcp: bool,
 ) -> Result<(Engine, Vec<ResourceQuota>), Error> {
-    let mut engine = Engine::new(gates);
+    let mut engine = if kcp {
+        Engine::new(gates).with_kcp_semantics()
+    } else {
+        Engine::new(gates)
+    };
     engine.discovered(cluster, discovered.served, &discovered.failed_groups);
     let api: Api<ResourceQuota> = match namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
@@ -306,9 +317,16 @@ async fn load_with(
         let demand = engine.index.demand_of(&c, &resource);
         let need = demand.values().copied().max().unwrap_or(Need::Count);
         let kind = store_kind(&resource, need);
-        let lists = demand
-            .keys()
-            .map(|ns| crate::watch::list_namespace(client, &served, ns, need, gates, &interner));
+        let lists = demand.keys().map(|ns| {
+            let (served, interner) = (&served, &interner);
+            async move {
+                if !served.namespaced && &**ns != ALL_NAMESPACES {
+                    // A namespace holds no cluster-scoped object (kcp only resolves these).
+                    return Ok(Vec::new());
+                }
+                crate::watch::list_namespace(client, served, ns, need, gates, interner).await
+            }
+        });
         let lists = try_join_all(lists).await.map_err(|source| Error::List {
             what: resource.object_count_name(),
             source,

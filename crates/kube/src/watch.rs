@@ -23,7 +23,7 @@ use kube::{
 };
 use lazyquota_index::{
     engine::Projected,
-    keys::{ClusterName, GroupResource, Need},
+    keys::{ALL_NAMESPACES, ClusterName, GroupResource, Need},
     resolver::ServedResource,
 };
 use lazyquota_quota::{FeatureGates, Interner, PodProjection, PvcProjection, ServiceProjection};
@@ -296,6 +296,9 @@ where
 
 /// Lists one namespace of a resource, 500 objects a page, reduced at once to what the store
 /// keeps (the typed objects of a page are dropped before the next page is requested).
+///
+/// [`ALL_NAMESPACES`] lists the whole cluster (kcp's cluster-scoped quotas); each object is
+/// then named `<namespace>/<name>`, as that partition identifies them.
 pub async fn list_namespace(
     client: &Client,
     served: &ServedResource,
@@ -310,20 +313,23 @@ pub async fn list_namespace(
         served.resource.resource.as_str(),
     ) {
         (Need::Typed, "", "pods") => {
-            let api = Api::<Pod>::namespaced(client.clone(), namespace);
-            list_pages(&api, |p| {
+            let api = scoped_api::<Pod>(client, namespace);
+            list_pages(&api, namespace == ALL_NAMESPACES, |p| {
                 PodProjection::from_pod(p, gates, interner)
                     .map_or_else(|e| Projected::Malformed(e.to_string()), Projected::Pod)
             })
             .await
         }
         (Need::Typed, "", "services") => {
-            let api = Api::<Service>::namespaced(client.clone(), namespace);
-            list_pages(&api, |s| Projected::Service(ServiceProjection::from_service(s))).await
+            let api = scoped_api::<Service>(client, namespace);
+            list_pages(&api, namespace == ALL_NAMESPACES, |s| {
+                Projected::Service(ServiceProjection::from_service(s))
+            })
+            .await
         }
         (Need::Typed, "", "persistentvolumeclaims") => {
-            let api = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace);
-            list_pages(&api, |c| {
+            let api = scoped_api::<PersistentVolumeClaim>(client, namespace);
+            list_pages(&api, namespace == ALL_NAMESPACES, |c| {
                 PvcProjection::from_pvc(c, interner)
                     .map_or_else(|e| Projected::Malformed(e.to_string()), Projected::Pvc)
             })
@@ -331,13 +337,17 @@ pub async fn list_namespace(
         }
         _ => {
             let resource = api_resource(served);
-            let api: Api<PartialObjectMeta<DynamicObject>> =
-                Api::namespaced_with(client.clone(), namespace, &resource);
+            let api: Api<PartialObjectMeta<DynamicObject>> = if namespace == ALL_NAMESPACES {
+                Api::all_with(client.clone(), &resource)
+            } else {
+                Api::namespaced_with(client.clone(), namespace, &resource)
+            };
+            let all = namespace == ALL_NAMESPACES;
             let mut out = Vec::new();
             let mut params = ListParams::default().limit(500);
             loop {
                 let page = api.list_metadata(&params).await?;
-                out.extend(page.items.iter().map(|o| (o.name_any(), Projected::Meta)));
+                out.extend(page.items.iter().map(|o| (listed_name(o, all), Projected::Meta)));
                 match page.metadata.continue_.filter(|c| !c.is_empty()) {
                     Some(token) => params = params.continue_token(&token),
                     None => return Ok(out),
@@ -347,8 +357,32 @@ pub async fn list_namespace(
     }
 }
 
+/// The API of `namespace`, or of the whole cluster for [`ALL_NAMESPACES`].
+fn scoped_api<K>(client: &Client, namespace: &str) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    <K as Resource>::DynamicType: Default,
+{
+    if namespace == ALL_NAMESPACES {
+        Api::all(client.clone())
+    } else {
+        Api::namespaced(client.clone(), namespace)
+    }
+}
+
+/// An object's name as its partition identifies it: `<namespace>/<name>` in the
+/// [`ALL_NAMESPACES`] partition (names repeat across namespaces), the name elsewhere.
+pub fn listed_name(object: &impl Resource, all: bool) -> String {
+    if all {
+        format!("{}/{}", object.namespace().unwrap_or_default(), object.name_any())
+    } else {
+        object.name_any()
+    }
+}
+
 async fn list_pages<K>(
     api: &Api<K>,
+    all: bool,
     project: impl Fn(&K) -> Projected,
 ) -> kube::Result<Vec<(String, Projected)>>
 where
@@ -358,7 +392,7 @@ where
     let mut params = ListParams::default().limit(500);
     loop {
         let page = api.list(&params).await?;
-        out.extend(page.items.iter().map(|o| (o.name_any(), project(o))));
+        out.extend(page.items.iter().map(|o| (listed_name(o, all), project(o))));
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),
             None => return Ok(out),

@@ -13,6 +13,13 @@
 #                               quota admission plugin still enforces the status it writes.
 #   LAZYQUOTA_KCP_TIMEOUT=180   seconds to wait for /readyz
 #   LAZYQUOTA_KCP_ARGS          extra `kcp start` flags (space separated)
+#   LAZYQUOTA_KCP_KEEP_DATA=1   keep <dir>/root (embedded etcd data, certificates, admin tokens)
+#                               of an earlier start and only restart the process, e.g. to run
+#                               the same workspaces with and without kcp's quota controller
+#                               (default 0: start from an empty directory). kcp reads the
+#                               shard-admin token back from admin.kubeconfig and rewrites it for
+#                               the new port (a new kcp-admin token); the earlier log is kept as
+#                               logs/kcp.<time>.log.
 #
 # A kcp already running from the same directory is stopped first. Prints the shard-admin
 # kubeconfig's path as the last line of stdout.
@@ -29,7 +36,15 @@ say() { printf 'kcp: %s\n' "$*" >&2; }
 kcp=$(bash "$here/build.sh" | tail -n 1)
 
 bash "$here/stop.sh" "$dir" >/dev/null
-rm -rf "$dir"
+keep=0
+if [[ ${LAZYQUOTA_KCP_KEEP_DATA:-0} == 1 && -f $dir/root/admin.kubeconfig ]]; then
+  keep=1
+  rm -f "$dir/env"
+  if [[ -f $dir/logs/kcp.log ]]; then mv "$dir/logs/kcp.log" "$dir/logs/kcp.$(date +%s).log"; fi
+  say "keeping the data in $dir/root"
+else
+  rm -rf "$dir"
+fi
 mkdir -p "$dir/logs"
 dir=$(cd "$dir" && pwd)
 
@@ -85,7 +100,8 @@ echo $! >"$dir/kcp.pid"
 
 kubeconfig=$dir/root/admin.kubeconfig
 start=$SECONDS
-until [[ -f $kubeconfig ]] &&
+# Kept data: the old kubeconfig names the old port until kcp has rewritten it.
+until [[ -f $kubeconfig ]] && { ((keep == 0)) || grep -q "server: https://127.0.0.1:$port" "$kubeconfig"; } &&
   curl -fsS --max-time 3 --cacert "$dir/root/apiserver.crt" "https://127.0.0.1:$port/readyz" >/dev/null 2>&1; do
   kill -0 "$(cat "$dir/kcp.pid")" 2>/dev/null || fail "kcp exited during start"
   ((SECONDS - start < timeout)) || fail "kcp not ready within ${timeout} s"
