@@ -118,6 +118,10 @@ fn main() {
     std::fs::write(&path, &report).expect("write report");
     println!("{report}");
     eprintln!("load: wrote {}", path.display());
+    if NOT_CONVERGED.load(std::sync::atomic::Ordering::SeqCst) {
+        eprintln!("load: error: some quotas did not converge to a direct count (see the report)");
+        std::process::exit(1);
+    }
 }
 
 /// Kills lazyquota when the run ends, however it ends.
@@ -334,10 +338,16 @@ async fn run(args: &Args, state: &Path) -> String {
     report
 }
 
+/// Set when some phase did not converge: the report is still written, then the run fails.
+static NOT_CONVERGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn verdict(converged: &Result<usize, String>) -> String {
     match converged {
         Ok(n) => format!("all {n} quotas equal a direct count"),
-        Err(e) => format!("NOT converged: {e}"),
+        Err(e) => {
+            NOT_CONVERGED.store(true, std::sync::atomic::Ordering::SeqCst);
+            format!("NOT converged: {e}")
+        }
     }
 }
 

@@ -35,10 +35,12 @@ async fn a_concurrent_status_writer_does_not_win() {
         .await
         .expect("computed");
 
-    // The other writer: 30 status updates with a wrong value, each on the latest version.
+    // The other writer: 30 status updates with a wrong value, 200 ms apart, each on the version
+    // its own last write returned — so every write lazyquota slips in between (its 2 s resync
+    // puts at least two into the 6 s) makes the other writer's next one conflict.
     let mut conflicts = 0;
+    let mut q = quotas.get("q").await.expect("quota");
     for i in 0..30 {
-        let mut q = quotas.get("q").await.expect("quota");
         let hard = q.spec.as_ref().and_then(|s| s.hard.clone());
         q.status = Some(ResourceQuotaStatus {
             hard,
@@ -48,13 +50,22 @@ async fn a_concurrent_status_writer_does_not_win() {
             )])),
         });
         match quotas.replace_status("q", &PostParams::default(), &q).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => conflicts += 1,
+            Ok(written) => q = written,
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                conflicts += 1;
+                q = quotas.get("q").await.expect("quota");
+            }
             Err(e) => panic!("status write: {e}"),
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     eprintln!("the other writer met {conflicts} conflicts in 30 writes");
+    let ours = common::controller_counter("lazyquota_status_writes_total", "result", "conflict");
+    eprintln!("lazyquota met {ours} conflicts");
+    assert!(
+        conflicts > 0 || ours > 0.0,
+        "the two writers never conflicted: the test did not exercise a 409"
+    );
     used_becomes(&quotas, "q", "count/configmaps", "1")
         .await
         .expect("lazyquota's value wins back");
@@ -68,7 +79,12 @@ async fn a_concurrent_status_writer_does_not_win() {
 /// strategy keeps only the old spec.)
 #[tokio::test]
 async fn a_status_write_keeps_labels_and_annotations() {
-    let _lazy = controller(Flavor::LazyquotaOnly, test_config());
+    // The binary's one controller: the same configuration as the other test's.
+    let config = Config {
+        resync_period: Duration::from_secs(2),
+        ..test_config()
+    };
+    let _lazy = controller(Flavor::LazyquotaOnly, config);
     let ns = TestNamespace::create(Flavor::LazyquotaOnly, "keep-meta")
         .await
         .expect("namespace");

@@ -35,7 +35,7 @@ kind: ClusterRole
 metadata: {{name: {name}}}
 rules:
 - {{apiGroups: [''], resources: [resourcequotas], verbs: [get, list, watch]}}
-- {{apiGroups: [''], resources: [resourcequotas/status], verbs: [update]}}
+- {{apiGroups: [''], resources: [resourcequotas/status], verbs: [patch]}}
 - {{apiGroups: ['', events.k8s.io], resources: [events], verbs: [create, patch]}}
 - {{apiGroups: [apiextensions.k8s.io], resources: [customresourcedefinitions], verbs: [list, watch]}}
 - {{apiGroups: [apiregistration.k8s.io], resources: [apiservices], verbs: [list, watch]}}

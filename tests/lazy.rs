@@ -665,7 +665,15 @@ async fn a_quota_that_got_past_validation_is_reported_and_isolated() {
     common::create_configmap(&ns, "more").await;
     used_becomes(&quotas, "good", "count/configmaps", "2")
         .await
-        .expect("the good quota keeps working");
+        .expect("the create is counted");
+    // A delete: admission never lowers `used`, only the controller does.
+    ns.api::<k8s_openapi::api::core::v1::ConfigMap>()
+        .delete("more", &kube::api::DeleteParams::default())
+        .await
+        .expect("delete");
+    used_becomes(&quotas, "good", "count/configmaps", "1")
+        .await
+        .expect("the good quota keeps working: its delete is counted");
     assert!(snapshots.get().await.is_some(), "the controller is alive");
     ns.delete().await.expect("delete namespace");
 }

@@ -26,6 +26,30 @@ use lazyquota_testenv::{ControlPlane, Flavor, eventually};
 
 static CONTROLLER: OnceLock<SnapshotHandle> = OnceLock::new();
 
+/// The metrics of this test binary's controller (once [`controller`] has started it).
+static CONTROLLER_METRICS: std::sync::OnceLock<Metrics> = std::sync::OnceLock::new();
+
+/// The value of counter `name` with label `label=value` in this test binary's controller's
+/// metrics (0 when absent).
+pub fn controller_counter(name: &str, label: &str, value: &str) -> f64 {
+    let Some(metrics) = CONTROLLER_METRICS.get() else {
+        return 0.0;
+    };
+    metrics
+        .registry()
+        .gather()
+        .iter()
+        .filter(|f| f.name() == name)
+        .flat_map(|f| f.get_metric().iter())
+        .filter(|m| {
+            m.get_label()
+                .iter()
+                .any(|l| l.name() == label && l.value() == value)
+        })
+        .map(|m| m.get_counter().get_value())
+        .sum()
+}
+
 /// The controller of this test binary, started on first use with `config` against the
 /// control plane of `flavor`, on a runtime of its own that lives as long as the process.
 pub fn controller(flavor: Flavor, config: Config) -> SnapshotHandle {
@@ -53,7 +77,9 @@ pub fn controller_as(
                         Some(path) => client_from(&path).await,
                         None => cp.client().await.expect("controller client"),
                     };
-                    let (controller, snapshots) = Controller::new(client, config, Metrics::new());
+                    let metrics = Metrics::new();
+                    let _ = CONTROLLER_METRICS.set(metrics.clone());
+                    let (controller, snapshots) = Controller::new(client, config, metrics);
                     tx.send(snapshots).expect("test waits for the controller");
                     controller
                         .run(std::future::pending())

@@ -156,6 +156,21 @@ pub fn logical_cluster_resource() -> ApiResource {
     }
 }
 
+/// Whether a logical cluster in LogicalCluster `phase` is served (kcp v0.32.3's phases):
+///
+/// | phase | served | why |
+/// |---|---|---|
+/// | `Scheduling`, `Initializing` | yes | its objects and quotas exist and are enforced by admission |
+/// | `Ready` | yes | |
+/// | `Unavailable` | yes | no kcp controller sets it; its objects may still change, so keep counting (writes that fail are retried) |
+/// | `Inactive` | no | kcp answers every request to it with 403, even the shard admin's; counted again when it is Ready |
+/// | `Terminating`, `Deleting` | no | the workspace is being deleted; its content goes |
+///
+/// An unknown phase (a newer kcp) is served.
+pub fn serves_phase(phase: &str) -> bool {
+    !matches!(phase, "Inactive" | "Terminating" | "Deleting")
+}
+
 /// Which logical clusters to serve: those with a ResourceQuota whose LogicalCluster is not
 /// being deleted. Pure; fed from the two wildcard watches.
 #[derive(Debug, Default)]
@@ -230,17 +245,13 @@ impl Membership {
         self.clusters_known = true;
     }
 
-    /// The clusters to serve now.
+    /// The clusters to serve now: those with a quota, unless their LogicalCluster is gone or
+    /// in a phase where nothing can be counted or written (see [`serves_phase`]).
     pub fn desired(&self) -> BTreeSet<ClusterName> {
         self.quotas
             .keys()
             .filter(|c| !self.deleted.contains(*c))
-            .filter(|c| {
-                !self
-                    .phases
-                    .get(*c)
-                    .is_some_and(|p| p == "Terminating" || p == "Deleting")
-            })
+            .filter(|c| self.phases.get(*c).is_none_or(|p| serves_phase(p)))
             .cloned()
             .collect()
     }
@@ -506,6 +517,17 @@ mod tests {
         m.quota_applied(c("b"), "ns", "q");
         m.cluster_applied(c("b"), "Terminating".into());
         assert!(m.desired().is_empty(), "a terminating cluster is let go");
+        for (phase, served) in [
+            ("Scheduling", true),
+            ("Initializing", true),
+            ("Unavailable", true),
+            ("Inactive", false),
+            ("Deleting", false),
+            ("SomethingNew", true),
+        ] {
+            m.cluster_applied(c("b"), phase.into());
+            assert_eq!(m.desired().contains(&c("b")), served, "phase {phase}");
+        }
         m.cluster_applied(c("b"), "Ready".into());
         assert_eq!(m.desired(), [c("b")].into());
         m.cluster_deleted(c("b"));
