@@ -162,6 +162,25 @@ async fn becomes(process: &Lazyquota, name: &str, want: f64) -> bool {
     .is_some()
 }
 
+/// Whether shadow mode settles with no disagreement left and at least `agreements` quota
+/// computations that agreed with the stored status.
+async fn shadow_agrees(process: &Lazyquota, agreements: f64) -> bool {
+    eventually(WAIT, || async {
+        let (_, metrics) = process.get("/metrics").await?;
+        let disagreeing = metrics
+            .lines()
+            .any(|l| l.starts_with("lazyquota_shadow_disagreements{") && !l.ends_with(" 0"));
+        let agreed = metrics
+            .lines()
+            .find(|l| l.starts_with("lazyquota_quota_syncs_total{result=\"shadow_agree\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        (!disagreeing && agreed >= agreements).then_some(())
+    })
+    .await
+    .is_some()
+}
+
 async fn delete_workspace(shard: &KcpShard, ws: &Workspace) {
     let (parent, name) = ws.path.rsplit_once(':').expect("a child workspace");
     let api = Api::<DynamicObject>::all_with(
@@ -726,21 +745,8 @@ async fn shadow_mode_agrees_with_kcps_own_quota_controller() {
         "kcp: b's delete"
     );
 
-    let settled = eventually(WAIT, || async {
-        let (_, metrics) = process.get("/metrics").await?;
-        let disagreeing = metrics
-            .lines()
-            .any(|l| l.starts_with("lazyquota_shadow_disagreements{") && !l.ends_with(" 0"));
-        let agreed = metrics
-            .lines()
-            .find(|l| l.starts_with("lazyquota_quota_syncs_total{result=\"shadow_agree\"}"))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .unwrap_or(0.0);
-        (!disagreeing && agreed >= 2.0).then_some(())
-    })
-    .await;
     assert!(
-        settled.is_some(),
+        shadow_agrees(&process, 2.0).await,
         "shadow mode agrees with kcp; log:\n{}",
         process.log()
     );
@@ -883,21 +889,8 @@ async fn a_cluster_scoped_quota_counts_every_namespace_as_kcp_does() {
             "lazyquota computes what kcp wrote: {k}"
         );
     }
-    let agreed = eventually(WAIT, || async {
-        let (_, metrics) = process.get("/metrics").await?;
-        let disagreeing = metrics
-            .lines()
-            .any(|l| l.starts_with("lazyquota_shadow_disagreements{") && !l.ends_with(" 0"));
-        let agreed = metrics
-            .lines()
-            .find(|l| l.starts_with("lazyquota_quota_syncs_total{result=\"shadow_agree\"}"))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .unwrap_or(0.0);
-        (!disagreeing && agreed >= 1.0).then_some(())
-    })
-    .await;
     assert!(
-        agreed.is_some(),
+        shadow_agrees(&process, 1.0).await,
         "shadow mode agrees with kcp; log:\n{}",
         process.log()
     );

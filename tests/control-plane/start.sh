@@ -52,25 +52,12 @@ fail() {
   exit 1
 }
 
-# Free loopback ports: ask the kernel for an ephemeral port by binding port 0, one at a time,
-# and never hand out the same port twice in this run.
-used_ports=" "
-free_port() {
-  local port
-  for _ in $(seq 1 50); do
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
-    if [[ $used_ports != *" $port "* ]]; then
-      used_ports+="$port "
-      echo "$port"
-      return 0
-    fi
-  done
-  return 1
-}
-etcd_port=$(free_port)
-etcd_peer_port=$(free_port)
-apiserver_port=$(free_port)
-kcm_port=$(free_port)
+# shellcheck source=ports.sh
+source "$here/ports.sh"
+free_port etcd_port
+free_port etcd_peer_port
+free_port apiserver_port
+free_port kcm_port
 
 # --- certificates -------------------------------------------------------------------------
 ossl() { openssl "$@" >/dev/null 2>&1; }
@@ -200,7 +187,7 @@ if (( extra_apiservers > 0 )); then
   contexts="- name: cluster-0
   context: {cluster: cluster-0, user: admin}"
   for i in $(seq 1 "$extra_apiservers"); do
-    port=$(free_port)
+    free_port port
     start_apiserver "kube-apiserver-$i" "$port" --etcd-prefix "/registry-cluster-$i"
     echo "- name: cluster-$i" >> "$clusters_kubeconfig.clusters"
     echo "  cluster: {server: 'https://127.0.0.1:$port', certificate-authority: '$pki/ca.crt'}" >> "$clusters_kubeconfig.clusters"

@@ -20,7 +20,7 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
 };
 
-use crate::{Error, eventually, read_facts, repo_root};
+use crate::{Error, eventually, lock_state, read_facts, repo_root};
 
 /// The annotation kcp puts on every object it returns: its logical cluster's name.
 pub const CLUSTER_ANNOTATION: &str = "kcp.io/cluster";
@@ -418,21 +418,7 @@ fn attach_or_start(flavor: KcpFlavor) -> Result<KcpShard, Error> {
         let facts = read_facts(&PathBuf::from(dir).join("env"))?;
         return Ok(KcpShard { flavor, facts });
     }
-    let state = repo_root().join(".lazyquota");
-    std::fs::create_dir_all(&state).map_err(|source| Error::Read {
-        path: state.clone(),
-        source,
-    })?;
-    let dir = state.join(flavor.dir_name());
-    let lock_path = state.join(format!("{}.lock", flavor.dir_name()));
-    let lock = std::fs::File::create(&lock_path).map_err(|source| Error::Read {
-        path: lock_path.clone(),
-        source,
-    })?;
-    lock.lock().map_err(|source| Error::Read {
-        path: lock_path,
-        source,
-    })?;
+    let (dir, _lock) = lock_state(flavor.dir_name())?;
     if let Ok(facts) = read_facts(&dir.join("env"))
         && facts.get("LAZYQUOTA_KCP_URL").is_some_and(|url| ready(url))
     {

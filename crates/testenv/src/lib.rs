@@ -418,25 +418,31 @@ fn read_facts(path: &Path) -> Result<BTreeMap<String, String>, Error> {
         .collect())
 }
 
-/// Starts (or reuses) the control plane of `flavor` shared by all test binaries of this checkout.
-fn start_shared(flavor: Flavor) -> Result<ControlPlane, Error> {
-    let root = repo_root();
-    let state = root.join(".lazyquota");
+/// The state directory `<repo>/.lazyquota/<name>` of a shared server, and a file lock held
+/// while it is checked or started: it serialises test binaries, so the first starts the server
+/// and the others find it running. The lock is released when the file is dropped.
+fn lock_state(name: &str) -> Result<(PathBuf, std::fs::File), Error> {
+    let state = repo_root().join(".lazyquota");
     std::fs::create_dir_all(&state).map_err(|source| Error::Read {
         path: state.clone(),
         source,
     })?;
-    let dir = state.join(flavor.dir_name());
-    let lock_path = state.join(format!("{}.lock", flavor.dir_name()));
+    let lock_path = state.join(format!("{name}.lock"));
     let lock = std::fs::File::create(&lock_path).map_err(|source| Error::Read {
         path: lock_path.clone(),
         source,
     })?;
-    // Serialises test binaries: the first starts the control plane, the others find it running.
     lock.lock().map_err(|source| Error::Read {
         path: lock_path,
         source,
     })?;
+    Ok((state.join(name), lock))
+}
+
+/// Starts (or reuses) the control plane of `flavor` shared by all test binaries of this checkout.
+fn start_shared(flavor: Flavor) -> Result<ControlPlane, Error> {
+    let root = repo_root();
+    let (dir, _lock) = lock_state(flavor.dir_name())?;
 
     let facts_path = dir.join("env");
     if let Ok(facts) = read_facts(&facts_path)

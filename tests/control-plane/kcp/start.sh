@@ -58,22 +58,11 @@ fail() {
   exit 1
 }
 
-used_ports=" "
-free_port() {
-  local port
-  for _ in $(seq 1 50); do
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
-    if [[ $used_ports != *" $port "* ]]; then
-      used_ports+="$port "
-      echo "$port"
-      return 0
-    fi
-  done
-  return 1
-}
-port=$(free_port)
-etcd_port=$(free_port)
-etcd_peer_port=$(free_port)
+# shellcheck source=../ports.sh
+source "$here/../ports.sh"
+free_port port
+free_port etcd_port
+free_port etcd_peer_port
 
 # Every controller of kcp v0.32.3 that `--unsupported-run-individual-controllers` names, except
 # "quota" (pkg/server/server.go); the rest of kcp's controllers always run.
