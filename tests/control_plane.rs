@@ -151,3 +151,44 @@ async fn kcm_quota_controller_is_switchable_and_kcm_metrics_are_readable() {
         "KCM runs its quota controller in the lazyquota-only flavour"
     );
 }
+
+/// `start.sh` run twice on one state directory (`make demo` twice) stops the first control
+/// plane before starting the second: none of its processes is left running. (It used to call
+/// `stop.sh` directly, which had no execute bit, and hid the "Permission denied".)
+#[test]
+fn starting_twice_on_one_directory_stops_the_first_control_plane() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = root
+        .join(".lazyquota")
+        .join(lazyquota_testenv::unique_name("twice"));
+    let start = || {
+        let out = std::process::Command::new("bash")
+            .arg(root.join("tests/control-plane/start.sh"))
+            .env("LAZYQUOTA_CP_DIR", &dir)
+            .env("LAZYQUOTA_KCM", "off")
+            .output()
+            .expect("start.sh");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    let pids = || -> Vec<u32> {
+        ["etcd", "kube-apiserver"]
+            .iter()
+            .filter_map(|c| std::fs::read_to_string(dir.join(format!("{c}.pid"))).ok())
+            .filter_map(|p| p.trim().parse().ok())
+            .collect()
+    };
+    start();
+    let first = pids();
+    assert_eq!(first.len(), 2, "etcd and kube-apiserver started");
+    start();
+    let alive =
+        |pid: &u32| std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z"));
+    let left: Vec<&u32> = first.iter().filter(|p| alive(p)).collect();
+    let stopped = std::process::Command::new("bash")
+        .arg(root.join("tests/control-plane/stop.sh"))
+        .arg(&dir)
+        .status();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(left.is_empty(), "the first control plane's {left:?} still run");
+    assert!(stopped.is_ok_and(|s| s.success()), "stop.sh");
+}
