@@ -295,6 +295,8 @@ struct Results {
     sweep: Vec<(usize, Reading)>,
     timeline: Vec<(String, Duration)>,
     kcp_version: String,
+    /// Whether kcp's profiling endpoint ran the GCs asked for before each sample.
+    gc_forced: bool,
     machine: Vec<(String, String)>,
     done: bool,
 }
@@ -484,7 +486,32 @@ impl Shard {
         self.root.request_text(request).await.expect("kcp /metrics")
     }
 
+    /// Runs a garbage collection in kcp (`/debug/pprof/heap?gc=1`, the apiserver's profiling
+    /// endpoint), so that heap figures are read right after a GC rather than wherever the GC
+    /// cycle happens to be. Whether it answered.
+    async fn force_gc(&self) -> bool {
+        let request = http::Request::get("/debug/pprof/heap?gc=1")
+            .body(kube::client::Body::from(Vec::new()))
+            .expect("request");
+        match self.root.send(request).await {
+            Ok(response) => {
+                let ok = response.status().is_success();
+                let _ = response.into_body().collect_bytes().await;
+                ok
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// New clients: the old ones' idle connections (each a goroutine in kcp) closed before a
+    /// reading.
+    async fn refresh(&mut self) {
+        self.admin = root_client(&self.kubeconfig, "base", &self.url).await;
+        self.root = root_client(&self.kubeconfig, "shard-base", &self.url).await;
+    }
+
     async fn figures(&self) -> KcpFigures {
+        self.force_gc().await;
         let text = self.metrics().await;
         KcpFigures {
             goroutines: metric(&text, "go_goroutines"),
@@ -655,8 +682,9 @@ fn spread(values: impl Iterator<Item = f64> + Clone) -> f64 {
 /// Waits `--settle`, then samples every `poll` until the last [`WINDOW`] samples of kcp's
 /// goroutines are within max(5, 1%) of each other (and lazyquota's tasks within 2), or until
 /// `--settle-max`; the reading is the median of each figure over that window.
-async fn settle(shard: &Shard, mut lq: Option<&mut Lazyquota>, args: &Args) -> Reading {
+async fn settle(shard: &mut Shard, mut lq: Option<&mut Lazyquota>, args: &Args) -> Reading {
     let start = Instant::now();
+    shard.refresh().await;
     tokio::time::sleep(args.settle).await;
     let mut window: VecDeque<(KcpFigures, Option<LqFigures>)> = VecDeque::new();
     loop {
@@ -1057,6 +1085,7 @@ async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
         .ok()
         .and_then(|v| v["gitVersion"].as_str().map(str::to_owned))
         .unwrap_or_default();
+    res.gc_forced = shard.force_gc().await;
 
     let t = Instant::now();
     let providers = create_workspaces(&shard, &plan.providers, args.concurrency).await;
@@ -1128,7 +1157,7 @@ async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
         if !standing.is_empty() {
             res.first_sync.insert((s, Config::KcpQuota), first);
         }
-        let reading = settle(&shard, None, args).await;
+        let reading = settle(&mut shard, None, args).await;
         eprintln!("kcp: B={b} {}: {reading:?}", Config::KcpQuota.name());
         res.readings.insert((s, Config::KcpQuota), reading);
         if s > 0 {
@@ -1147,7 +1176,7 @@ async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
         shard = start_kcp(dir, false, true).await;
         res.timeline
             .push((format!("B={b}: kcp restarted, quota off"), t.elapsed()));
-        let reading = settle(&shard, None, args).await;
+        let reading = settle(&mut shard, None, args).await;
         eprintln!("kcp: B={b} {}: {reading:?}", Config::KcpOnly.name());
         res.readings.insert((s, Config::KcpOnly), reading);
 
@@ -1172,7 +1201,7 @@ async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
             close(e, quota_count)
         })
         .await;
-        let reading = settle(&shard, Some(&mut lq), args).await;
+        let reading = settle(&mut shard, Some(&mut lq), args).await;
         eprintln!("kcp: B={b} {}: {reading:?}", Config::Lazyquota.name());
         res.readings.insert((s, Config::Lazyquota), reading);
         if s > 0 {
@@ -1210,7 +1239,11 @@ async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
         }
         if s == last {
             // Fewer quota'd workspaces, same bindings: lazyquota's cost per engaged workspace.
-            res.sweep.push((standing.len(), reading));
+            // Read again after the latency samples: kcp's quota admission keeps per-workspace
+            // state (evaluator goroutines) for the workspaces the samples touched.
+            let again = settle(&mut shard, Some(&mut lq), args).await;
+            eprintln!("kcp: B={b} lazyquota after the samples: {again:?}");
+            res.sweep.push((standing.len(), again));
             let mut levels = vec![standing.len() / 2, 0];
             levels.dedup();
             let mut left = standing.len();
@@ -1227,7 +1260,7 @@ async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
                     close(e, want)
                 })
                 .await;
-                let reading = settle(&shard, Some(&mut lq), args).await;
+                let reading = settle(&mut shard, Some(&mut lq), args).await;
                 eprintln!("kcp: B={b} lazyquota with {left} quota'd workspaces: {reading:?}");
                 res.sweep.push((left, reading));
             }
@@ -1404,8 +1437,11 @@ fn write_results(args: &Args, plan: &Plan, r: &Results, started: Instant) {
          Each reading: a fixed {:?} after the start (or the first sync), then a sample every {:?} \
          until the last {WINDOW} samples of kcp's `go_goroutines` are within max(5, 1%) of each other \
          (and lazyquota's `lazyquota_tokio_alive_tasks` within 2), at most {:?}; every figure is the \
-         median of those {WINDOW} samples. kcp: `go_goroutines`, `go_memstats_heap_inuse_bytes`, \
-         `process_resident_memory_bytes`, VmRSS and RssAnon of /proc/<pid>/status, and the sum of \
+         median of those {WINDOW} samples. The bench's own clients are rebuilt before each reading \
+         (their idle connections closed), and before each kcp sample a GC is run in kcp through its \
+         profiling endpoint (`/debug/pprof/heap?gc=1`; {}), so that Go heap figures are post-GC. \
+         kcp: `go_goroutines`, `go_memstats_heap_inuse_bytes`, `go_gc_heap_live_bytes` (live heap \
+         after that GC), `process_resident_memory_bytes`, VmRSS and RssAnon of /proc/<pid>/status, and the sum of \
          `apiserver_longrunning_requests{{verb=\"WATCH\"}}` (every open watch the shard serves, kcp's \
          own informers included). lazyquota: `lazyquota_tokio_alive_tasks`, \
          `lazyquota_jemalloc_allocated_bytes`, VmRSS and RssAnon, established TCP connections to the \
@@ -1416,11 +1452,19 @@ fn write_results(args: &Args, plan: &Plan, r: &Results, started: Instant) {
          its status.used equals the objects is taken (polled every 10 ms); in 3 it is then deleted and \
          the time until `lazyquota_kcp_engaged_clusters` is back where it was (disengaged) and until \
          `lazyquota_active_watches` is back (watch released) is taken (polled every 20 ms). Every wait \
-         is bounded ({LATENCY_PATIENCE:?} per sample); a timeout fails the run.",
+         is bounded ({LATENCY_PATIENCE:?} per sample); a timeout fails the run.\n\n\
+         At the last step the quota'd-workspace series is read in 3 after the latency samples (kcp's \
+         quota admission keeps per-workspace state, goroutines included, for every workspace a sample \
+         touched), then after deleting half of the standing quotas, then all of them.",
         args.objects,
         args.settle,
         args.poll,
         args.settle_max,
+        if r.gc_forced {
+            "it answered"
+        } else {
+            "**it did not answer: heap figures are wherever the GC cycle was**"
+        },
         plan.samplers.len(),
     );
 
