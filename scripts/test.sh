@@ -54,3 +54,4 @@ phase "tests" cargo test --workspace --locked
 phase "bench: heap (bounded)" env LAZYQUOTA_BENCH_OBJECTS=10000 cargo bench --locked -p lazyquota-index --bench heap
 phase "bench: scale (bounded)" cargo bench --locked --bench scale -- --quick
 phase "bench: load and soak (bounded)" cargo bench --locked --bench load -- --quick
+phase "bench: kcp seed scenario (bounded)" cargo bench --locked --bench kcp -- --quick
