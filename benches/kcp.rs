@@ -73,6 +73,10 @@ struct Args {
     concurrency: usize,
     settle: Duration,
     settle_max: Duration,
+    /// The fixed part of a reading of lazyquota after it listed (first sync, latency samples):
+    /// past the HTTP client's 90 s pool idle timeout, so that the connections of its initial
+    /// lists are closed and the reading is lazyquota's steady state.
+    lq_settle: Duration,
     poll: Duration,
     out: PathBuf,
     quick: bool,
@@ -98,6 +102,7 @@ impl Args {
                 concurrency: 8,
                 settle: Duration::from_secs(3),
                 settle_max: Duration::from_secs(30),
+                lq_settle: Duration::from_secs(3),
                 poll: Duration::from_secs(1),
                 out: std::env::temp_dir().join("lazyquota-bench-kcp-quick"),
                 quick,
@@ -114,6 +119,7 @@ impl Args {
                 concurrency: 12,
                 settle: Duration::from_secs(20),
                 settle_max: Duration::from_secs(180),
+                lq_settle: Duration::from_secs(100),
                 poll: Duration::from_secs(2),
                 out: repo().join("benches/results/kcp"),
                 quick,
@@ -135,11 +141,12 @@ impl Args {
                 "--concurrency" => a.concurrency = num(value()).max(1),
                 "--settle" => a.settle = Duration::from_secs(num(value()) as u64),
                 "--settle-max" => a.settle_max = Duration::from_secs(num(value()) as u64),
+                "--lq-settle" => a.lq_settle = Duration::from_secs(num(value()) as u64),
                 "--out" => a.out = PathBuf::from(value()),
                 other => panic!(
                     "unknown flag {other} (--quick, --workspaces, --exports, --providers, \
                      --bindings-per-workspace, --objects, --quota-percent, --samples, --concurrency, \
-                     --settle, --settle-max, --out)"
+                     --settle, --settle-max, --lq-settle, --out)"
                 ),
             }
         }
@@ -679,13 +686,13 @@ fn spread(values: impl Iterator<Item = f64> + Clone) -> f64 {
     max - min
 }
 
-/// Waits `--settle`, then samples every `poll` until the last [`WINDOW`] samples of kcp's
+/// Waits `fixed` (`--settle`, or `--lq-settle` after lazyquota listed), then samples every `poll` until the last [`WINDOW`] samples of kcp's
 /// goroutines are within max(5, 1%) of each other (and lazyquota's tasks within 2), or until
 /// `--settle-max`; the reading is the median of each figure over that window.
-async fn settle(shard: &mut Shard, mut lq: Option<&mut Lazyquota>, args: &Args) -> Reading {
+async fn settle(shard: &mut Shard, mut lq: Option<&mut Lazyquota>, args: &Args, fixed: Duration) -> Reading {
     let start = Instant::now();
     shard.refresh().await;
-    tokio::time::sleep(args.settle).await;
+    tokio::time::sleep(fixed).await;
     let mut window: VecDeque<(KcpFigures, Option<LqFigures>)> = VecDeque::new();
     loop {
         let kcp = shard.figures().await;
@@ -1157,7 +1164,7 @@ async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
         if !standing.is_empty() {
             res.first_sync.insert((s, Config::KcpQuota), first);
         }
-        let reading = settle(&mut shard, None, args).await;
+        let reading = settle(&mut shard, None, args, args.settle).await;
         eprintln!("kcp: B={b} {}: {reading:?}", Config::KcpQuota.name());
         res.readings.insert((s, Config::KcpQuota), reading);
         if s > 0 {
@@ -1176,12 +1183,14 @@ async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
         shard = start_kcp(dir, false, true).await;
         res.timeline
             .push((format!("B={b}: kcp restarted, quota off"), t.elapsed()));
-        let reading = settle(&mut shard, None, args).await;
+        // The same writes as in 1 and 3 (kcp's quota admission keeps per-workspace state for
+        // every workspace written to since the start): status.used to 0 for lazyquota's first sync.
+        reset_status(&shard, &clusters, &standing, args.concurrency).await;
+        let reading = settle(&mut shard, None, args, args.settle).await;
         eprintln!("kcp: B={b} {}: {reading:?}", Config::KcpOnly.name());
         res.readings.insert((s, Config::KcpOnly), reading);
 
-        // 3: lazyquota on the shard (kcp's quota controller still off).
-        reset_status(&shard, &clusters, &standing, args.concurrency).await;
+        // 3: lazyquota on the shard (kcp's quota controller still off, nothing wrote since).
         let mut lq = Lazyquota::start(&shard, dir, bin, &format!("b{b}"));
         let first = synced(
             &shard,
@@ -1201,7 +1210,7 @@ async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
             close(e, quota_count)
         })
         .await;
-        let reading = settle(&mut shard, Some(&mut lq), args).await;
+        let reading = settle(&mut shard, Some(&mut lq), args, args.lq_settle.max(args.settle)).await;
         eprintln!("kcp: B={b} {}: {reading:?}", Config::Lazyquota.name());
         res.readings.insert((s, Config::Lazyquota), reading);
         if s > 0 {
@@ -1241,7 +1250,7 @@ async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
             // Fewer quota'd workspaces, same bindings: lazyquota's cost per engaged workspace.
             // Read again after the latency samples: kcp's quota admission keeps per-workspace
             // state (evaluator goroutines) for the workspaces the samples touched.
-            let again = settle(&mut shard, Some(&mut lq), args).await;
+            let again = settle(&mut shard, Some(&mut lq), args, args.lq_settle.max(args.settle)).await;
             eprintln!("kcp: B={b} lazyquota after the samples: {again:?}");
             res.sweep.push((standing.len(), again));
             let mut levels = vec![standing.len() / 2, 0];
@@ -1260,7 +1269,7 @@ async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
                     close(e, want)
                 })
                 .await;
-                let reading = settle(&mut shard, Some(&mut lq), args).await;
+                let reading = settle(&mut shard, Some(&mut lq), args, args.settle).await;
                 eprintln!("kcp: B={b} lazyquota with {left} quota'd workspaces: {reading:?}");
                 res.sweep.push((left, reading));
             }
@@ -1431,10 +1440,16 @@ fn write_results(args: &Args, plan: &Plan, r: &Results, started: Instant) {
          while kcp runs without its quota controller and nothing writes quota status), every standing \
          quota's status.used is set to 0 and then:\n\n\
          1. kcp is restarted on the same data (`LAZYQUOTA_KCP_KEEP_DATA=1`) **with** its quota \
-         controller; first sync = until every standing quota says status.used = {} again;\n\
-         2. kcp is restarted on the same data **without** it (`LAZYQUOTA_KCP_QUOTA=off`);\n\
-         3. status.used is set to 0 again and lazyquota is started against that shard; first sync as in 1.\n\n\
-         Each reading: a fixed {:?} after the start (or the first sync), then a sample every {:?} \
+         controller; first sync = from kcp's /readyz until every standing quota says status.used = {} \
+         again;\n\
+         2. kcp is restarted on the same data **without** it (`LAZYQUOTA_KCP_QUOTA=off`), and status.used \
+         is set to 0 again (the same writes to the same workspaces as in 1 and 3: kcp's quota admission \
+         keeps per-workspace state, evaluator goroutines included, for every workspace written to since \
+         kcp started);\n\
+         3. lazyquota is started against that shard; first sync as in 1, from lazyquota's start.\n\n\
+         Each reading: a fixed {:?} after the start or the first sync ({:?} for lazyquota's readings \
+         after it listed: past the HTTP client's 90 s pool idle timeout, so that the idle connections \
+         of its initial lists are closed), then a sample every {:?} \
          until the last {WINDOW} samples of kcp's `go_goroutines` are within max(5, 1%) of each other \
          (and lazyquota's `lazyquota_tokio_alive_tasks` within 2), at most {:?}; every figure is the \
          median of those {WINDOW} samples. The bench's own clients are rebuilt before each reading \
@@ -1458,6 +1473,7 @@ fn write_results(args: &Args, plan: &Plan, r: &Results, started: Instant) {
          touched), then after deleting half of the standing quotas, then all of them.",
         args.objects,
         args.settle,
+        args.lq_settle.max(args.settle),
         args.poll,
         args.settle_max,
         if r.gc_forced {
