@@ -47,8 +47,8 @@ async fn shard_watches(shard: &KcpShard, resource: &str) -> u64 {
         .lines()
         .filter(|l| l.starts_with("apiserver_longrunning_requests{"))
         .filter(|l| l.contains(&format!("resource=\"{resource}\"")) && l.contains("verb=\"WATCH\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .map(|v| v as u64)
+        // Gauges of whole requests: printed as integers.
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
 }
 

@@ -479,7 +479,7 @@ mod tests {
             index
                 .demand_of(&c, &cm)
                 .keys()
-                .map(|n| n.to_string())
+                .map(ToString::to_string)
                 .collect::<Vec<_>>(),
             [ALL_NAMESPACES]
         );

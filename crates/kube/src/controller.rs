@@ -710,13 +710,13 @@ impl Controller {
             for ns in removed {
                 self.engine.release(kind, &partition(&key, &ns));
             }
-            let namespaced = self
+            let cluster_scoped_resource = !self
                 .engine
                 .resolver
                 .get(cluster, resource)
                 .is_some_and(|s| s.namespaced);
             for ns in added {
-                if !namespaced {
+                if cluster_scoped_resource {
                     // A namespace holds no cluster-scoped object: nothing to list.
                     let p = partition(&key, &ns);
                     self.engine.begin_fill(kind, p.clone());

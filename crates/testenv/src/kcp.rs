@@ -190,6 +190,9 @@ impl KcpShard {
 
     /// The shard's `/metrics` text (kcp's own: Go runtime, process, apiserver metrics; served at
     /// the shard's root, not under `/clusters`).
+    ///
+    /// # Panics
+    /// Never in practice: the request built is a constant, valid GET.
     pub async fn metrics(&self) -> Result<String, Error> {
         let mut config = self.config("shard-base").await?;
         let base = config.cluster_url.to_string();
@@ -214,6 +217,9 @@ impl KcpShard {
 
     /// Creates workspace `name` under `parent` (a path such as `root`) and returns once it is
     /// Ready, with its logical cluster's name.
+    ///
+    /// # Panics
+    /// Never in practice: the Workspace object built is constant but for its name.
     pub async fn create_workspace(&self, parent: &str, name: &str) -> Result<Workspace, Error> {
         let api = Api::<DynamicObject>::all_with(self.user_client(parent).await?, &workspace_resource());
         let object: DynamicObject = serde_json::from_value(serde_json::json!({
