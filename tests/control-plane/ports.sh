@@ -5,12 +5,13 @@
 # substitution would run in a subshell and forget the ports already handed out).
 used_ports=" "
 free_port() {
-  local port
+  # Not `local port`: a caller's variable of that name would be shadowed and never set.
+  local _free_port_candidate
   for _ in $(seq 1 50); do
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
-    if [[ $used_ports != *" $port "* ]]; then
-      used_ports+="$port "
-      printf -v "$1" '%s' "$port"
+    _free_port_candidate=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
+    if [[ $used_ports != *" $_free_port_candidate "* ]]; then
+      used_ports+="$_free_port_candidate "
+      printf -v "$1" '%s' "$_free_port_candidate"
       return 0
     fi
   done
