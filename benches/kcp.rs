@@ -17,9 +17,10 @@
 //! for lazyquota, quota deleted → workspace disengaged → its watches released.
 //!
 //! ```text
-//! cargo bench --bench kcp                               # W=200, E=20, K=5 (≈25 min)
+//! cargo bench --bench kcp                               # W=200, E=20, K=5 (≈17 min)
 //! cargo bench --bench kcp -- --quick --out /tmp/kcp     # bounded (≈3-4 min), as CI does
-//! cargo bench --bench kcp -- --workspaces 400 --exports 40 --bindings-per-workspace 5
+//! cargo bench --bench kcp -- --workspaces 500 --exports 50 --bindings-per-workspace 5 --settle 15
+//!                                                       # the committed results (≈37 min)
 //! ```
 //!
 //! Writes `kcp.md`, `kcp.dat`, `kcp.gp` and, with gnuplot installed, `kcp.png` into
@@ -100,10 +101,10 @@ impl Args {
                 quota_percent: 10,
                 samples: 3,
                 concurrency: 8,
-                settle: Duration::from_secs(3),
+                settle: Duration::from_secs(2),
                 settle_max: Duration::from_secs(30),
-                lq_settle: Duration::from_secs(3),
-                poll: Duration::from_secs(1),
+                lq_settle: Duration::from_secs(2),
+                poll: Duration::from_millis(500),
                 out: std::env::temp_dir().join("lazyquota-bench-kcp-quick"),
                 quick,
             }
