@@ -354,7 +354,12 @@ impl<T> PolicyIndex<T> {
 
     /// The quotas that a change to an object of `resource` in (cluster, namespace) dirties:
     /// those whose `status.hard` has a key computed from `resource` (upstream's
-    /// `replenishQuota` matches on status.hard, not spec.hard).
+    /// `replenishQuota` matches on status.hard), and those whose `spec.hard` computes from it.
+    ///
+    /// The second set is lazyquota's: a new quota has no `status.hard` until its first status
+    /// write lands, admission charges nothing meanwhile (it skips quotas without
+    /// `status.hard`), and an object created between the computation and that write would be
+    /// neither charged nor counted — an undercount until the next resync (upstream shares it).
     pub fn dirtied_by(
         &self,
         cluster: &ClusterName,
@@ -369,9 +374,9 @@ impl<T> PolicyIndex<T> {
         self.in_namespace(cluster, namespace)
             .chain(everywhere)
             .filter(|k| {
-                self.quotas
-                    .get(*k)
-                    .is_some_and(|e| e.status_resources.contains(resource))
+                self.quotas.get(*k).is_some_and(|e| {
+                    e.status_resources.contains(resource) || e.demands.contains_key(resource)
+                })
             })
             .cloned()
             .collect()
@@ -565,12 +570,25 @@ mod tests {
     }
 
     #[test]
-    fn replenishment_routes_by_status_hard() {
+    fn replenishment_routes_by_status_hard_and_spec_hard() {
         let mut index = PolicyIndex::new(FeatureGates::default());
+        // Before its first status write: spec.hard alone routes it (an object created while
+        // that write is in flight must still reach it).
         let mut p = policy(&["pods"], &[]);
         p.status_hard = vec![];
         index.apply(key("a", "q"), &p, ());
-        assert!(index.dirtied_by(&ClusterName::new("c"), "a", &pods()).is_empty());
+        assert_eq!(
+            index.dirtied_by(&ClusterName::new("c"), "a", &pods()),
+            vec![key("a", "q")]
+        );
+        // status.hard alone routes it too (a key left spec.hard but is still in the status).
+        let mut p = policy(&[], &[]);
+        p.status_hard = vec!["pods".into()];
+        index.apply(key("a", "q"), &p, ());
+        assert_eq!(
+            index.dirtied_by(&ClusterName::new("c"), "a", &pods()),
+            vec![key("a", "q")]
+        );
         p.status_hard = vec!["pods".into()];
         index.apply(key("a", "q"), &p, ());
         assert_eq!(
@@ -676,7 +694,10 @@ mod tests {
                     dirtied.sort();
                     let mut scanned: Vec<QuotaKey> = index
                         .quotas()
-                        .filter(|(k, e)| *k.namespace == *ns && e.status_resources.contains(&resource))
+                        .filter(|(k, e)| {
+                            *k.namespace == *ns
+                                && (e.status_resources.contains(&resource) || e.demands.contains_key(&resource))
+                        })
                         .map(|(k, _)| k.clone())
                         .collect();
                     scanned.sort();
