@@ -599,19 +599,8 @@ impl Lazyquota {
     fn start(shard: &Shard, dir: &Path, bin: &Path, label: &str) -> Self {
         // The admin kubeconfig with the shard admin as its current context (wildcard requests).
         let kubeconfig = dir.join("lazyquota.kubeconfig");
-        let text: String = std::fs::read_to_string(&shard.kubeconfig)
-            .expect("kcp's admin kubeconfig")
-            .lines()
-            .map(|l| {
-                if l.starts_with("current-context:") {
-                    "current-context: shard-base"
-                } else {
-                    l
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("\n");
-        std::fs::write(&kubeconfig, text).expect("lazyquota kubeconfig");
+        lazyquota_testenv::kcp::write_shard_kubeconfig(&shard.kubeconfig, &kubeconfig)
+            .expect("lazyquota kubeconfig");
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .expect("bind")
             .local_addr()

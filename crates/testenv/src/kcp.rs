@@ -166,26 +166,7 @@ impl KcpShard {
     /// A kubeconfig for lazyquota: the admin kubeconfig with `shard-base` as its current
     /// context (wildcard requests need the shard admin), written to `path`.
     pub fn shard_kubeconfig(&self, path: &std::path::Path) -> Result<(), Error> {
-        let source = self.kubeconfig();
-        let text = std::fs::read_to_string(&source).map_err(|e| Error::Read {
-            path: source.clone(),
-            source: e,
-        })?;
-        let text: String = text
-            .lines()
-            .map(|l| {
-                if l.starts_with("current-context:") {
-                    "current-context: shard-base"
-                } else {
-                    l
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("\n");
-        std::fs::write(path, text).map_err(|source| Error::Read {
-            path: path.to_owned(),
-            source,
-        })
+        write_shard_kubeconfig(&self.kubeconfig(), path)
     }
 
     /// The shard's `/metrics` text (kcp's own: Go runtime, process, apiserver metrics; served at
@@ -406,6 +387,30 @@ impl KcpShard {
         .ok_or(Error::Missing("the bound type served within 30 s"))?;
         Ok(identity)
     }
+}
+
+/// Writes kcp's admin kubeconfig `admin` to `path` with `shard-base` (the shard admin, who may
+/// make wildcard requests) as its current context: what lazyquota runs with on a shard.
+pub fn write_shard_kubeconfig(admin: &std::path::Path, path: &std::path::Path) -> Result<(), Error> {
+    let text = std::fs::read_to_string(admin).map_err(|source| Error::Read {
+        path: admin.to_owned(),
+        source,
+    })?;
+    let text: String = text
+        .lines()
+        .map(|l| {
+            if l.starts_with("current-context:") {
+                "current-context: shard-base"
+            } else {
+                l
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(path, text).map_err(|source| Error::Read {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// `tenancy.kcp.io/v1alpha1` Workspace.
