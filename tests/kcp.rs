@@ -575,7 +575,11 @@ async fn counts_stay_exact_through_watch_cuts_and_paginated_lists() {
     let kubeconfig = std::env::temp_dir().join(format!("{}.kubeconfig", unique_name("shard")));
     shard.shard_kubeconfig(&kubeconfig).expect("kubeconfig");
     let url = format!("https://{}", proxy.addr());
-    let process = Lazyquota::start(&kubeconfig, &["--kcp-shard-url", &url, "--transport", "http2"]);
+    let process = Lazyquota::start_logging(
+        &kubeconfig,
+        &["--kcp-shard-url", &url, "--transport", "http2"],
+        "info,lazyquota_kube=debug",
+    );
 
     let key = fixture.ty.count_key();
     let pp = PostParams::default();
@@ -631,10 +635,13 @@ async fn counts_stay_exact_through_watch_cuts_and_paginated_lists() {
             "configmaps exact after the cuts; log:\n{}",
             process.log()
         );
-        assert!(
-            after_cuts(client, &key, widgets).await.is_some(),
-            "widgets exact after the cuts"
-        );
+        if after_cuts(client, &key, widgets).await.is_none() {
+            let used = quotas(client).get("q").await.ok().and_then(|q| q.status);
+            panic!(
+                "widgets exact after the cuts: want {widgets}, status {used:?}; log:\n{}",
+                process.log()
+            );
+        }
     }
     drop(process);
     fixture.delete(shard).await;

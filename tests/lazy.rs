@@ -677,3 +677,108 @@ async fn a_quota_that_got_past_validation_is_reported_and_isolated() {
     assert!(snapshots.get().await.is_some(), "the controller is alive");
     ns.delete().await.expect("delete namespace");
 }
+
+fn memory_pod(name: &str, memory: &str) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "c", "image": "registry.invalid/none",
+            "resources": {"requests": {"memory": memory}, "limits": {"memory": memory}}}]}
+    }))
+    .expect("valid pod")
+}
+
+/// `status.used[key]` once it equals `want` by value (the printed format of a sum depends on
+/// which addend comes first, in KCM as here).
+async fn used_value_becomes(
+    quotas: &kube::Api<ResourceQuota>,
+    name: &str,
+    key: &str,
+    want: &str,
+) -> Option<()> {
+    let want = lazyquota_quota::Quantity::parse(want).expect("expected value parses");
+    eventually(WAIT, || async {
+        let used = quotas.get(name).await.ok()?.status?.used?;
+        let got = lazyquota_quota::Quantity::parse_k8s(used.get(key)?).ok()?;
+        (got == want).then_some(())
+    })
+    .await
+}
+
+/// Tenants choose quantities, and the apiserver accepts `memory: 1e30` (KCM sums it with
+/// arbitrary precision). Every pod counts in `pods` and `count/pods`, memory sums exactly far
+/// beyond 64 bits (checked after a delete, which admission cannot compute), and a pod beyond
+/// what lazyquota holds exactly (`1e2000`) makes only its key withheld — removed from
+/// status.used with an Event, so admission refuses to charge it — never written lower; the
+/// other keys stay exact, and the key is computed again once that pod is gone.
+#[tokio::test]
+async fn huge_quantities_count_exactly_and_beyond_range_keys_are_withheld() {
+    let snapshots = controller(Flavor::LazyquotaOnly, test_config());
+    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "huge")
+        .await
+        .expect("namespace");
+    let accounts = ns.api::<ServiceAccount>();
+    eventually(WAIT, || async { accounts.get("default").await.ok() })
+        .await
+        .expect("default service account");
+    let pods = ns.api::<Pod>();
+    let pp = PostParams::default();
+    // Created before any quota: admission would refuse it under requests.memory=1E40.
+    pods.create(&pp, &memory_pod("beyond", "1e2000"))
+        .await
+        .expect("the apiserver accepts 1e2000");
+    let quotas = ns.api::<ResourceQuota>();
+    let hard = [("pods", "10"), ("count/pods", "10"), ("requests.memory", "1E40")];
+    quotas.create(&pp, &quota("mem", &hard)).await.expect("quota");
+    used_becomes(&quotas, "mem", "pods", "1")
+        .await
+        .expect("the pod beyond range counts in pods");
+    used_becomes(&quotas, "mem", "count/pods", "1")
+        .await
+        .expect("and in count/pods");
+    let event = common::event_with(&ns, "UsageWithheld", "requests.memory", WAIT).await;
+    assert!(event.is_some(), "an Event names the withheld key");
+    let q = quotas.get("mem").await.expect("quota");
+    assert!(
+        !q.status
+            .and_then(|s| s.used)
+            .unwrap_or_default()
+            .contains_key("requests.memory"),
+        "the unknown key is withheld, not written lower"
+    );
+    assert!(
+        pods.create(&pp, &memory_pod("refused", "1Mi")).await.is_err(),
+        "admission refuses to charge a withheld key"
+    );
+
+    pods.delete("beyond", &DeleteParams::default())
+        .await
+        .expect("delete");
+    used_becomes(&quotas, "mem", "requests.memory", "0")
+        .await
+        .expect("computed again once the pod is gone");
+    pods.create(&pp, &memory_pod("small", "64Mi"))
+        .await
+        .expect("small");
+    for i in 0..4 {
+        pods.create(&pp, &memory_pod(&format!("big-{i}"), "1e30"))
+            .await
+            .expect("1e30 fits under 1E40");
+    }
+    pods.delete("big-0", &DeleteParams::default())
+        .await
+        .expect("delete");
+    used_becomes(&quotas, "mem", "pods", "4")
+        .await
+        .expect("every pod counts, also at 1e30");
+    used_value_becomes(
+        &quotas,
+        "mem",
+        "requests.memory",
+        "3000000000000000000000067108864",
+    )
+    .await
+    .expect("memory summed exactly: 3e30 + 64Mi");
+    let snapshot = snapshots.get().await.expect("alive");
+    assert!(snapshot.withheld.is_empty(), "nothing withheld any more");
+    ns.delete().await.expect("delete namespace");
+}

@@ -139,7 +139,11 @@ async fn compare(client: &Client, discovered: &Discovered, fixture: &Fixture) ->
     let pods: Vec<PodProjection> = pods
         .items
         .iter()
-        .map(|p| PodProjection::from_pod(p, gates, &interner).expect("pod quantities parse"))
+        .map(|p| {
+            PodProjection::from_pod(p, gates, &interner)
+                .strict()
+                .expect("pod quantities parse")
+        })
         .collect();
     let now = now();
     let past_grace = pods
@@ -162,7 +166,11 @@ async fn compare(client: &Client, discovered: &Discovered, fixture: &Fixture) ->
     let pvcs: Vec<PvcProjection> = pvcs
         .items
         .iter()
-        .map(|p| PvcProjection::from_pvc(p, &interner).expect("pvc quantities parse"))
+        .map(|p| {
+            PvcProjection::from_pvc(p, &interner)
+                .strict()
+                .expect("pvc quantities parse")
+        })
         .collect();
     let quotas = Api::<ResourceQuota>::namespaced(client.clone(), ns)
         .list(&lp)

@@ -180,6 +180,7 @@ fn list_pods(s: &mut Setup, spread: &[usize], templates: &mut [Pod], interner: &
             name.clear();
             write!(name, "web-{n:03}-7d9f8b6c5d-{i:06}").expect("writing to a String");
             let projected = PodProjection::from_pod(pod, gates, interner)
+                .strict()
                 .map_or_else(|e| Projected::Malformed(e.to_string()), Projected::Pod);
             let id = object_id(pod.metadata.name.as_deref().unwrap_or_default());
             if let Some(reason) = s.engine.relist_apply(s.kind, p, id, projected) {

@@ -224,7 +224,11 @@ impl Fixture {
         let shapes = pod_shapes();
         let interner = Interner::new();
         let gates = engine.gates();
-        let project = |pod: &Pod| PodProjection::from_pod(pod, gates, &interner).expect("a valid pod");
+        let project = |pod: &Pod| {
+            PodProjection::from_pod(pod, gates, &interner)
+                .strict()
+                .expect("a valid pod")
+        };
         let projections: Vec<(PodProjection, PodProjection)> = shapes
             .iter()
             .map(|(pod, resized)| (project(pod), project(resized)))
@@ -368,7 +372,11 @@ impl Fixture {
         let gates = self.engine.gates();
         for i in 0..n {
             let (pod, _) = &self.shapes[i % self.shapes.len()];
-            black_box(PodProjection::from_pod(black_box(pod), gates, &self.interner).ok());
+            black_box(
+                PodProjection::from_pod(black_box(pod), gates, &self.interner)
+                    .strict()
+                    .ok(),
+            );
         }
     }
 }

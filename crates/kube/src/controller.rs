@@ -185,8 +185,13 @@ pub struct Snapshot {
     pub pending: Vec<(String, usize)>,
     /// Shadow-mode disagreements now: (quota, key) → (ours, stored).
     pub disagreements: BTreeMap<(String, String), (String, String)>,
-    /// Shadow mode: each quota's latest comparison (true: every key agreed).
+    /// Shadow mode: each quota's latest comparison (true: every key computed and agreed).
     pub shadow_verdicts: BTreeMap<String, bool>,
+    /// Shadow mode: (quota, key) pairs lazyquota did not compute last time (unknown).
+    pub shadow_unknown: BTreeSet<(String, String)>,
+    /// (quota, key) pairs whose usage is unknown (an object carries a quantity beyond what
+    /// lazyquota holds): withheld from status.used, never written lower.
+    pub withheld: BTreeSet<(String, String)>,
     /// Whether streaming lists are used.
     pub streaming_lists: bool,
     /// API groups whose discovery failed last time (their resources' keys keep their values).
@@ -218,6 +223,8 @@ impl Snapshot {
                 .extend(part.disagreements.iter().map(|(k, v)| (k.clone(), v.clone())));
             all.shadow_verdicts
                 .extend(part.shadow_verdicts.iter().map(|(k, v)| (k.clone(), *v)));
+            all.withheld.extend(part.withheld.iter().cloned());
+            all.shadow_unknown.extend(part.shadow_unknown.iter().cloned());
             all.streaming_lists |= part.streaming_lists;
             all.unavailable_groups
                 .extend(part.unavailable_groups.iter().cloned());
@@ -482,13 +489,18 @@ impl Controller {
                 self.enqueue_all();
                 info!(quotas = self.engine.index.len(), "ResourceQuotas listed");
             }
-            watcher::Event::Apply(quota) => self.apply_quota(&quota),
+            watcher::Event::Apply(quota) => {
+                debug!(quota = %self.quota_key(&quota), resource_version = ?quota.metadata.resource_version, "quota event");
+                self.apply_quota(&quota);
+            }
             watcher::Event::Delete(quota) => {
                 let key = self.quota_key(&quota);
                 let changes = self.engine.delete_quota(&key);
                 self.queue.remove(&key);
                 let name = key.to_string();
                 self.stats.disagreements.retain(|(q, _), _| q != &name);
+                self.stats.withheld.retain(|(q, _)| q != &name);
+                self.stats.shadow_unknown.retain(|(q, _)| q != &name);
                 self.stats.shadow_verdicts.remove(&name);
                 self.apply_demand(&changes);
                 debug!(quota = %key, "quota deleted");
@@ -1166,6 +1178,7 @@ impl Controller {
             warn!(quota = %key, %error, "scope matching failed; usage is the partial sum, as upstream");
         }
         let decision = computed.decision;
+        self.report_withheld(&key, &decision.withheld);
         if self.config.shadow || !decision.dirty {
             let result = if self.config.shadow {
                 self.report_shadow(&key, &decision)
@@ -1207,7 +1220,40 @@ impl Controller {
         })
     }
 
-    /// Records disagreements between our `used` and the stored one; returns the sync result.
+    /// Tells a quota, once per change, which of its keys are withheld (log line, Event, and
+    /// `lazyquota_withheld_keys`), and when one is computed again.
+    fn report_withheld(&mut self, key: &QuotaKey, withheld: &[String]) {
+        let quota = key.to_string();
+        let before: Vec<String> = self
+            .stats
+            .withheld
+            .iter()
+            .filter(|(q, _)| q == &quota)
+            .map(|(_, k)| k.clone())
+            .collect();
+        for name in withheld.iter().filter(|k| !before.contains(k)) {
+            warn!(quota = %key, key = %name, "usage unknown: an object carries a quantity beyond what lazyquota holds; the key is withheld from status.used");
+            let note = format!(
+                "{name}: an object in namespace {} carries a quantity beyond what lazyquota holds exactly (about 1e1224); the key is removed from status.used, so quota admission refuses requests charging it until that object changes (the controller's log names it)",
+                key.namespace
+            );
+            self.emit(key, EventType::Warning, "UsageWithheld", &note);
+            self.stats.withheld.insert((quota.clone(), name.clone()));
+        }
+        for name in before.iter().filter(|k| !withheld.contains(k)) {
+            self.stats.withheld.remove(&(quota.clone(), name.clone()));
+            self.emit(
+                key,
+                EventType::Normal,
+                "UsageKnown",
+                &format!("{name}: computed again"),
+            );
+        }
+    }
+
+    /// Compares our `used` with the stored one, key by key over both; returns the sync
+    /// result. A key lazyquota did not compute (not synced, not served, forbidden, withheld)
+    /// is **unknown**, never "agree": the stored value proves nothing about lazyquota.
     fn report_shadow(&mut self, key: &QuotaKey, decision: &StatusDecision) -> &'static str {
         let stored = self
             .engine
@@ -1217,24 +1263,45 @@ impl Controller {
             .unwrap_or_default();
         let quota = key.to_string();
         self.stats.disagreements.retain(|(q, _), _| q != &quota);
+        let unknown: BTreeSet<&String> = decision.uncomputed.iter().chain(&decision.withheld).collect();
+        let before = std::mem::take(&mut self.stats.shadow_unknown);
+        let (mine, others): (BTreeSet<_>, BTreeSet<_>) = before.into_iter().partition(|(q, _)| q == &quota);
+        self.stats.shadow_unknown = others;
+        for name in &unknown {
+            let pair = (quota.clone(), (*name).clone());
+            if !mine.contains(&pair) {
+                info!(quota = %quota, key = %name, "shadow: lazyquota does not compute this key (yet); reported as unknown");
+            }
+            self.stats.shadow_unknown.insert(pair);
+        }
         let mut disagree = false;
-        for (name, ours) in &decision.used {
-            let theirs = stored.get(name);
-            if theirs.is_some_and(|t| same_value(ours, t)) {
+        let names: BTreeSet<&String> = decision.used.keys().chain(stored.keys()).collect();
+        for name in names.into_iter().filter(|n| !unknown.contains(n)) {
+            let (ours, theirs) = (decision.used.get(name), stored.get(name));
+            if let (Some(o), Some(t)) = (ours, theirs)
+                && same_value(o, t)
+            {
                 continue;
             }
             disagree = true;
-            let theirs = theirs.map_or_else(|| "<absent>".to_owned(), |t| t.0.clone());
-            warn!(quota = %quota, key = %name, ours = %ours.0, stored = %theirs, "shadow: status.used disagrees");
+            let show = |q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>| {
+                q.map_or_else(|| "<absent>".to_owned(), |q| q.0.clone())
+            };
+            let (ours, theirs) = (show(ours), show(theirs));
+            warn!(quota = %quota, key = %name, %ours, stored = %theirs, "shadow: status.used disagrees");
             self.stats
                 .disagreements
-                .insert((quota.clone(), name.clone()), (ours.0.clone(), theirs));
+                .insert((quota.clone(), name.clone()), (ours, theirs));
         }
-        self.stats.shadow_verdicts.insert(quota, !disagree);
+        self.stats
+            .shadow_verdicts
+            .insert(quota, !disagree && unknown.is_empty());
         if disagree {
             "shadow_disagree"
-        } else {
+        } else if unknown.is_empty() {
             "shadow_agree"
+        } else {
+            "shadow_unknown"
         }
     }
 
@@ -1247,14 +1314,19 @@ impl Controller {
                 self.metrics.status_write("ok");
                 self.queue.forget(key);
                 self.engine.record_written(key, &written);
-                debug!(quota = %key, "status written");
+                debug!(quota = %key, resource_version = ?written.metadata.resource_version, "status written");
             }
             Err(kube::Error::Api(status)) if status.code == 409 => {
                 self.metrics.quota_sync("conflict", seconds);
                 self.metrics.status_write("conflict");
                 // The quota watch brings the newer version; retry after backoff.
                 let delay = self.queue.add_rate_limited(key.clone(), Instant::now());
-                debug!(quota = %key, ?delay, "status write conflicted; retrying");
+                let ours = self
+                    .engine
+                    .index
+                    .get(key)
+                    .and_then(|e| e.payload.resource_version.clone());
+                debug!(quota = %key, ?delay, resource_version = ?ours, "status write conflicted; retrying");
             }
             Err(kube::Error::Api(status)) if status.code == 404 => {
                 self.metrics.status_write("not_found");

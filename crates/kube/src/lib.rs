@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod controller;
+pub mod deadline;
 pub mod delegated;
 pub mod discovery;
 pub mod hub;

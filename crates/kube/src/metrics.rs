@@ -31,6 +31,8 @@ pub struct Metrics {
     held_bytes: IntGaugeVec,
     pending: IntGaugeVec,
     disagreements: IntGaugeVec,
+    withheld: IntGaugeVec,
+    shadow_unknown: IntGaugeVec,
     quotas: IntGauge,
     ready: IntGauge,
     cluster_quotas: IntGaugeVec,
@@ -112,7 +114,7 @@ impl Metrics {
             quota_syncs: counter(
                 &r,
                 "lazyquota_quota_syncs_total",
-                "Quota computations by result: unchanged, written, conflict, error, shadow_agree, shadow_disagree.",
+                "Quota computations by result: unchanged, written, conflict, error, shadow_agree, shadow_disagree, shadow_unknown (some key not computed).",
                 &["result"],
             ),
             status_writes: counter(
@@ -168,6 +170,18 @@ impl Metrics {
                 &r,
                 "lazyquota_shadow_disagreements",
                 "Shadow mode: 1 for each quota key whose stored status.used differs from lazyquota's.",
+                &["cluster", "namespace", "quota", "key"],
+            ),
+            withheld: gauge_vec(
+                &r,
+                "lazyquota_withheld_keys",
+                "1 for each quota key whose usage is unknown (an object carries a quantity beyond what lazyquota holds): removed from status.used, never written lower.",
+                &["cluster", "namespace", "quota", "key"],
+            ),
+            shadow_unknown: gauge_vec(
+                &r,
+                "lazyquota_shadow_unknown_keys",
+                "Shadow mode: 1 for each quota key lazyquota did not compute (not synced, not served, forbidden, withheld): neither agree nor disagree.",
                 &["cluster", "namespace", "quota", "key"],
             ),
             quotas: gauge(&r, "lazyquota_quotas", "ResourceQuotas known."),
@@ -333,14 +347,23 @@ impl Metrics {
                 .with_label_values(&[resource])
                 .set(i64::try_from(*quotas).unwrap_or(i64::MAX));
         }
-        self.disagreements.reset();
-        for (quota, key) in snapshot.disagreements.keys() {
-            // QuotaKey displays as cluster|namespace/name.
-            let (cluster, quota) = quota.rsplit_once('|').unwrap_or(("", quota.as_str()));
-            let (namespace, name) = quota.split_once('/').unwrap_or(("", quota));
-            self.disagreements
-                .with_label_values(&[cluster, namespace, name, key.as_str()])
-                .set(1);
+        for (gauge, pairs) in [
+            (
+                &self.disagreements,
+                snapshot.disagreements.keys().collect::<Vec<_>>(),
+            ),
+            (&self.withheld, snapshot.withheld.iter().collect()),
+            (&self.shadow_unknown, snapshot.shadow_unknown.iter().collect()),
+        ] {
+            gauge.reset();
+            for (quota, key) in pairs {
+                // QuotaKey displays as cluster|namespace/name.
+                let (cluster, quota) = quota.rsplit_once('|').unwrap_or(("", quota.as_str()));
+                let (namespace, name) = quota.split_once('/').unwrap_or(("", quota));
+                gauge
+                    .with_label_values(&[cluster, namespace, name, key.as_str()])
+                    .set(1);
+            }
         }
     }
 

@@ -26,8 +26,9 @@ use lazyquota_index::{
     keys::{ALL_NAMESPACES, ClusterName, GroupResource, Need},
     resolver::ServedResource,
 };
-use lazyquota_quota::{FeatureGates, Interner, PodProjection, PvcProjection, ServiceProjection};
+use lazyquota_quota::{Extracted, FeatureGates, Interner, PodProjection, PvcProjection, ServiceProjection};
 use serde::de::DeserializeOwned;
+use tracing::warn;
 
 /// What one watch is for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -128,10 +129,7 @@ pub fn open<T: Clone + Send + 'static>(
         (Need::Typed, "", "pods") => {
             let interner = interner.clone();
             typed::<Pod>(client, ns, config, move |p| {
-                match PodProjection::from_pod(p, gates, &interner) {
-                    Ok(p) => Projected::Pod(p),
-                    Err(e) => Projected::Malformed(e.to_string()),
-                }
+                Projected::Pod(held(p, PodProjection::from_pod(p, gates, &interner)))
             })
         }
         (Need::Typed, "", "services") => typed::<Service>(client, ns, config, |s| {
@@ -140,10 +138,7 @@ pub fn open<T: Clone + Send + 'static>(
         (Need::Typed, "", "persistentvolumeclaims") => {
             let interner = interner.clone();
             typed::<PersistentVolumeClaim>(client, ns, config, move |c| {
-                match PvcProjection::from_pvc(c, &interner) {
-                    Ok(p) => Projected::Pvc(p),
-                    Err(e) => Projected::Malformed(e.to_string()),
-                }
+                Projected::Pvc(held(c, PvcProjection::from_pvc(c, &interner)))
             })
         }
         _ => metadata(client, served, ns, config),
@@ -315,8 +310,7 @@ pub async fn list_namespace(
         (Need::Typed, "", "pods") => {
             let api = scoped_api::<Pod>(client, namespace);
             list_pages(&api, namespace == ALL_NAMESPACES, |p| {
-                PodProjection::from_pod(p, gates, interner)
-                    .map_or_else(|e| Projected::Malformed(e.to_string()), Projected::Pod)
+                Projected::Pod(held(p, PodProjection::from_pod(p, gates, interner)))
             })
             .await
         }
@@ -330,8 +324,7 @@ pub async fn list_namespace(
         (Need::Typed, "", "persistentvolumeclaims") => {
             let api = scoped_api::<PersistentVolumeClaim>(client, namespace);
             list_pages(&api, namespace == ALL_NAMESPACES, |c| {
-                PvcProjection::from_pvc(c, interner)
-                    .map_or_else(|e| Projected::Malformed(e.to_string()), Projected::Pvc)
+                Projected::Pvc(held(c, PvcProjection::from_pvc(c, interner)))
             })
             .await
         }
@@ -398,4 +391,20 @@ where
             None => return Ok(out),
         }
     }
+}
+
+/// The projection of `object`, logging each quantity it could not hold. The object still
+/// counts; the sums those quantities enter are unknown, and the controller withholds those
+/// keys (with an Event on the quota) instead of writing them lower.
+fn held<K: Resource, T>(object: &K, extracted: Extracted<T>) -> T {
+    for problem in &extracted.problems {
+        warn!(
+            namespace = object.meta().namespace.as_deref().unwrap_or(""),
+            name = object.meta().name.as_deref().unwrap_or(""),
+            field = %problem.field,
+            error = %problem.source,
+            "quantity beyond what lazyquota holds: the object counts, usage keys it enters are withheld"
+        );
+    }
+    extracted.projection
 }

@@ -378,7 +378,10 @@ impl UsagePlan {
                 }
                 Some(used) => {
                     for (key, q) in used {
-                        usage.entry(key.clone()).and_modify(|v| *v += *q).or_insert(*q);
+                        usage
+                            .entry(key.clone())
+                            .and_modify(|v| *v += q)
+                            .or_insert_with(|| q.clone());
                     }
                 }
             }

@@ -37,7 +37,7 @@ pub use evaluator::{
 pub use gates::FeatureGates;
 pub use intern::Interner;
 pub use names::{GroupResource, QuotaResourceName, classify};
-pub use pod::{ExtractError, PodProjection};
+pub use pod::{ExtractError, Extracted, PodProjection};
 pub use pvc::PvcProjection;
 pub use quantity::{CompactQuantity, Format, Quantity, QuantityError};
 pub use scope::{QuotaScopes, ScopeError, ScopeName, ScopeOperator, ScopeRequirement};

@@ -34,31 +34,67 @@ pub struct ExtractError {
     pub source: QuantityError,
 }
 
+/// A projection, and the quantities of the object it could not hold. Each of those is
+/// [`Quantity::unknown`] in the projection: the object still counts (dropping it would let a
+/// tenant exceed `pods` with an absurd request), and the sums it enters are unknown.
+#[derive(Clone, Debug)]
+pub struct Extracted<T> {
+    /// The projection.
+    pub projection: T,
+    /// The quantities that did not parse or are beyond the supported range, by field.
+    pub problems: Vec<ExtractError>,
+}
+
+impl<T> Extracted<T> {
+    /// The projection if every quantity was held, else the first problem.
+    pub fn strict(self) -> Result<T, ExtractError> {
+        match self.problems.into_iter().next() {
+            None => Ok(self.projection),
+            Some(problem) => Err(problem),
+        }
+    }
+}
+
 /// A resource list during extraction: resource name to quantity.
 type List = BTreeMap<String, Quantity>;
 
-pub(crate) fn parse_list(
+/// Parses one quantity of an object; one that does not parse is unknown and recorded.
+pub(crate) fn parse_lossy(
+    q: &K8sQuantity,
+    field: &dyn Fn() -> String,
+    problems: &mut Vec<ExtractError>,
+) -> Quantity {
+    Quantity::parse_k8s(q).unwrap_or_else(|source| {
+        problems.push(ExtractError {
+            field: field(),
+            source,
+        });
+        Quantity::unknown()
+    })
+}
+
+fn parse_list(
     map: Option<&BTreeMap<String, K8sQuantity>>,
     field: &dyn Fn() -> String,
-) -> Result<Option<List>, ExtractError> {
-    let Some(map) = map else { return Ok(None) };
-    map.iter()
-        .map(|(name, q)| {
-            Quantity::parse_k8s(q)
-                .map(|q| (name.clone(), q))
-                .map_err(|source| ExtractError {
-                    field: format!("{}[{name}]", field()),
-                    source,
-                })
-        })
-        .collect::<Result<List, _>>()
-        .map(Some)
+    problems: &mut Vec<ExtractError>,
+) -> Option<List> {
+    let map = map?;
+    Some(
+        map.iter()
+            .map(|(name, q)| {
+                let q = parse_lossy(q, &|| format!("{}[{name}]", field()), problems);
+                (name.clone(), q)
+            })
+            .collect(),
+    )
 }
 
 /// `addResourceList`: absent entries are copied, present ones added (zero adopts format).
 fn add_list(list: &mut List, new: Option<&List>) {
     for (name, q) in new.into_iter().flatten() {
-        list.entry(name.clone()).and_modify(|v| *v += *q).or_insert(*q);
+        list.entry(name.clone())
+            .and_modify(|v| *v += q)
+            .or_insert_with(|| q.clone());
     }
 }
 
@@ -66,8 +102,12 @@ fn add_list(list: &mut List, new: Option<&List>) {
 fn max_list(list: &mut List, new: Option<&List>) {
     for (name, q) in new.into_iter().flatten() {
         list.entry(name.clone())
-            .and_modify(|v| *v = v.max_by_value(*q))
-            .or_insert(*q);
+            .and_modify(|v| {
+                if *q > *v {
+                    *v = q.clone();
+                }
+            })
+            .or_insert_with(|| q.clone());
     }
 }
 
@@ -99,40 +139,55 @@ struct StatusResources<'a> {
 fn container_resources<'a>(
     container: &'a Container,
     field: &str,
-) -> Result<ContainerResources<'a>, ExtractError> {
+    problems: &mut Vec<ExtractError>,
+) -> ContainerResources<'a> {
     let resources = container.resources.as_ref();
     let path = || format!("{field}[{}].resources", container.name);
-    Ok(ContainerResources {
+    ContainerResources {
         name: &container.name,
         restartable: container.restart_policy.as_deref() == Some("Always"),
-        requests: parse_list(resources.and_then(|r| r.requests.as_ref()), &|| {
-            format!("{}.requests", path())
-        })?,
-        limits: parse_list(resources.and_then(|r| r.limits.as_ref()), &|| {
-            format!("{}.limits", path())
-        })?,
-    })
+        requests: parse_list(
+            resources.and_then(|r| r.requests.as_ref()),
+            &|| format!("{}.requests", path()),
+            problems,
+        ),
+        limits: parse_list(
+            resources.and_then(|r| r.limits.as_ref()),
+            &|| format!("{}.limits", path()),
+            problems,
+        ),
+    }
 }
 
 fn status_resources<'a>(
     status: &'a ContainerStatus,
     field: &str,
-) -> Result<StatusResources<'a>, ExtractError> {
+    problems: &mut Vec<ExtractError>,
+) -> StatusResources<'a> {
     let path = || format!("{field}[{}]", status.name);
-    let resources = match &status.resources {
-        None => None,
-        Some(r) => Some((
-            parse_list(r.requests.as_ref(), &|| format!("{}.resources.requests", path()))?,
-            parse_list(r.limits.as_ref(), &|| format!("{}.resources.limits", path()))?,
-        )),
-    };
-    Ok(StatusResources {
+    let resources = status.resources.as_ref().map(|r| {
+        (
+            parse_list(
+                r.requests.as_ref(),
+                &|| format!("{}.resources.requests", path()),
+                problems,
+            ),
+            parse_list(
+                r.limits.as_ref(),
+                &|| format!("{}.resources.limits", path()),
+                problems,
+            ),
+        )
+    });
+    StatusResources {
         name: &status.name,
-        allocated: parse_list(status.allocated_resources.as_ref(), &|| {
-            format!("{}.allocatedResources", path())
-        })?,
+        allocated: parse_list(
+            status.allocated_resources.as_ref(),
+            &|| format!("{}.allocatedResources", path()),
+            problems,
+        ),
         resources,
-    })
+    }
 }
 
 /// Which list of a container `aggregateContainerResourcesByFn`-style sums read.
@@ -269,7 +324,7 @@ impl PodResources<'_> {
             if let Some(limit) = limits.get_mut(name)
                 && !limit.is_zero()
             {
-                *limit += *q;
+                *limit += q;
             }
         }
         limits
@@ -289,7 +344,7 @@ fn has_supported_pod_level(list: Option<&List>) -> bool {
 fn apply_pod_level(result: &mut List, pod_level: Option<&List>) {
     for (name, q) in pod_level.into_iter().flatten() {
         if is_supported_pod_level(name) {
-            result.insert(name.clone(), *q);
+            result.insert(name.clone(), q.clone());
         }
     }
 }
@@ -303,21 +358,21 @@ fn is_resize_infeasible(pod: &Pod) -> bool {
         .is_some_and(|c| c.reason.as_deref() == Some("Infeasible"))
 }
 
-fn parse_pod(pod: &Pod) -> Result<PodResources<'_>, ExtractError> {
+fn parse_pod<'a>(pod: &'a Pod, problems: &mut Vec<ExtractError>) -> PodResources<'a> {
     let spec = pod.spec.as_ref();
     let status = pod.status.as_ref();
     let containers = spec
         .map(|s| s.containers.as_slice())
         .unwrap_or_default()
         .iter()
-        .map(|c| container_resources(c, "spec.containers"))
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|c| container_resources(c, "spec.containers", problems))
+        .collect();
     let init_containers = spec
         .and_then(|s| s.init_containers.as_deref())
         .unwrap_or_default()
         .iter()
-        .map(|c| container_resources(c, "spec.initContainers"))
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|c| container_resources(c, "spec.initContainers", problems))
+        .collect();
     let mut statuses = Vec::new();
     for (list, field) in [
         (
@@ -330,33 +385,39 @@ fn parse_pod(pod: &Pod) -> Result<PodResources<'_>, ExtractError> {
         ),
     ] {
         for cs in list.unwrap_or_default() {
-            statuses.push(status_resources(cs, field)?);
+            statuses.push(status_resources(cs, field, problems));
         }
     }
     let pod_resources = spec.and_then(|s| s.resources.as_ref());
-    Ok(PodResources {
+    PodResources {
         containers,
         init_containers,
         statuses,
         infeasible: is_resize_infeasible(pod),
-        pod_requests: parse_list(pod_resources.and_then(|r| r.requests.as_ref()), &|| {
-            "spec.resources.requests".to_owned()
-        })?,
-        pod_limits: parse_list(pod_resources.and_then(|r| r.limits.as_ref()), &|| {
-            "spec.resources.limits".to_owned()
-        })?,
+        pod_requests: parse_list(
+            pod_resources.and_then(|r| r.requests.as_ref()),
+            &|| "spec.resources.requests".to_owned(),
+            problems,
+        ),
+        pod_limits: parse_list(
+            pod_resources.and_then(|r| r.limits.as_ref()),
+            &|| "spec.resources.limits".to_owned(),
+            problems,
+        ),
         spec_resources_set: pod_resources.is_some(),
-        overhead: parse_list(spec.and_then(|s| s.overhead.as_ref()), &|| {
-            "spec.overhead".to_owned()
-        })?,
-    })
+        overhead: parse_list(
+            spec.and_then(|s| s.overhead.as_ref()),
+            &|| "spec.overhead".to_owned(),
+            problems,
+        ),
+    }
 }
 
 /// Whether cpu and memory requests and limits are all zero or absent (a BestEffort set).
 fn is_best_effort_list(requests: Option<&List>, limits: Option<&List>) -> bool {
     [CPU, MEMORY].iter().all(|name| {
-        requests.and_then(|l| l.get(*name)).is_none_or(|q| q.is_zero())
-            && limits.and_then(|l| l.get(*name)).is_none_or(|q| q.is_zero())
+        requests.and_then(|l| l.get(*name)).is_none_or(Quantity::is_zero)
+            && limits.and_then(|l| l.get(*name)).is_none_or(Quantity::is_zero)
     })
 }
 
@@ -424,7 +485,7 @@ fn resources_fingerprint(resources: Option<&ResourceRequirements>) -> u64 {
         for (name, q) in list.iter().flatten() {
             name.hash(&mut hasher);
             match Quantity::parse_k8s(q) {
-                Ok(q) => q.nanos().hash(&mut hasher),
+                Ok(q) => q.hash(&mut hasher),
                 Err(_) => q.0.hash(&mut hasher),
             }
         }
@@ -492,15 +553,16 @@ pub struct PodProjection {
 
 impl PodProjection {
     /// Extracts the projection of a typed pod under `gates`.
-    pub fn from_pod(pod: &Pod, gates: FeatureGates, interner: &Interner) -> Result<Self, ExtractError> {
-        let parsed = parse_pod(pod)?;
+    pub fn from_pod(pod: &Pod, gates: FeatureGates, interner: &Interner) -> Extracted<Self> {
+        let mut problems = Vec::new();
+        let parsed = parse_pod(pod, &mut problems);
         let requests = parsed.requests(gates);
         let limits = parsed.limits(gates);
-        let slot = |list: &List, name: &str| list.get(name).map(|q| CompactQuantity::from(*q));
+        let slot = |list: &List, name: &str| list.get(name).map(|q| CompactQuantity::from(q.clone()));
         let mut extended = Vec::new();
         for (name, q) in &requests {
             if is_hugepages_resource(name) || is_dra_extended_resource_name(name) {
-                extended.push((interner.intern(name), CompactQuantity::from(*q)));
+                extended.push((interner.intern(name), CompactQuantity::from(q.clone())));
             }
         }
         let spec = pod.spec.as_ref();
@@ -547,7 +609,7 @@ impl PodProjection {
             (Some(ts), Some(grace)) => Some(Time::from_k8s(ts).saturating_add_seconds(grace)),
             _ => None,
         };
-        Ok(Self {
+        let projection = Self {
             requests: COMPUTE.map(|(name, _, _)| slot(&requests, name)),
             limits: COMPUTE.map(|(name, _, _)| slot(&limits, name)),
             extended_requests: (!extended.is_empty()).then(|| extended.into_boxed_slice()),
@@ -558,7 +620,8 @@ impl PodProjection {
             status_resources,
             deletion_deadline,
             flags,
-        })
+        };
+        Extracted { projection, problems }
     }
 
     /// `QuotaV1Pod`: charged unless the phase is Succeeded or Failed, or `now` is after

@@ -10,7 +10,7 @@ use crate::intern::Interner;
 use crate::names::{
     COUNT_PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUME_CLAIMS, REQUESTS_STORAGE, STORAGE, STORAGE_CLASS_SUFFIX,
 };
-use crate::pod::ExtractError;
+use crate::pod::{Extracted, parse_lossy};
 use crate::quantity::{CompactQuantity, Quantity};
 use crate::scope::{ScopeError, ScopeName, ScopeOperator, ScopeRequirement, selector_matches};
 use crate::time::Time;
@@ -32,7 +32,7 @@ pub struct PvcProjection {
 
 impl PvcProjection {
     /// Extracts the projection of a typed PVC.
-    pub fn from_pvc(pvc: &PersistentVolumeClaim, interner: &Interner) -> Result<Self, ExtractError> {
+    pub fn from_pvc(pvc: &PersistentVolumeClaim, interner: &Interner) -> Extracted<Self> {
         let spec = pvc.spec.as_ref();
         let status = pvc.status.as_ref();
         // GetPersistentVolumeClaimClass: the annotation wins whenever present, even empty.
@@ -45,23 +45,17 @@ impl PvcProjection {
             Some(class) => Some(class.as_str()),
             None => spec.and_then(|s| s.storage_class_name.as_deref()),
         };
-        let parse = |q, field: &str| {
-            Quantity::parse_k8s(q).map_err(|source| ExtractError {
-                field: field.to_owned(),
-                source,
-            })
-        };
+        let mut problems = Vec::new();
+        let mut parse = |q, field: &'static str| parse_lossy(q, &|| field.to_owned(), &mut problems);
         let requested = spec
             .and_then(|s| s.resources.as_ref())
             .and_then(|r| r.requests.as_ref())
             .and_then(|r| r.get(STORAGE))
-            .map(|q| parse(q, "spec.resources.requests[storage]"))
-            .transpose()?;
+            .map(|q| parse(q, "spec.resources.requests[storage]"));
         let allocated = status
             .and_then(|s| s.allocated_resources.as_ref())
             .and_then(|r| r.get(STORAGE))
-            .map(|q| parse(q, "status.allocatedResources[storage]"))
-            .transpose()?;
+            .map(|q| parse(q, "status.allocatedResources[storage]"));
         // getStorageUsage: whole bytes (issue 94313); the allocated value wins when it is
         // larger than the rounded request (RecoverVolumeExpansionFailure), but only when a
         // request exists at all.
@@ -85,12 +79,13 @@ impl PvcProjection {
                 names.push(name);
             }
         }
-        Ok(Self {
+        let projection = Self {
             storage_class: class.filter(|c| !c.is_empty()).map(|c| interner.intern(c)),
             storage: storage.map(CompactQuantity::from),
             volume_attributes_classes: (!names.is_empty())
                 .then(|| names.iter().map(|n| interner.intern(n)).collect()),
-        })
+        };
+        Extracted { projection, problems }
     }
 
     /// The storage class quota charges, if any.
@@ -152,10 +147,13 @@ impl QuotaObject for PvcProjection {
             );
         }
         if let Some(storage) = self.storage() {
-            emit(UsageKey::name(REQUESTS_STORAGE), storage);
             if let Some(class) = self.storage_class.as_deref() {
-                emit(UsageKey::new("", class, STORAGE_CLASS_SUFFIX_STORAGE), storage);
+                emit(
+                    UsageKey::new("", class, STORAGE_CLASS_SUFFIX_STORAGE),
+                    storage.clone(),
+                );
             }
+            emit(UsageKey::name(REQUESTS_STORAGE), storage);
         }
     }
 }

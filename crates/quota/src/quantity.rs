@@ -1,25 +1,36 @@
 //! Kubernetes resource quantities with the exact semantics of
 //! `k8s.io/apimachinery/pkg/api/resource` (`quantity.go`, `amount.go`, `suffix.go`).
 //!
-//! A [`Quantity`] holds its exact value as a signed count of nano-units (`i128`), because
+//! A [`Quantity`] holds its exact value as a signed count of nano-units, because
 //! `ParseQuantity` rounds every value up (away from zero) to nano precision: nothing finer
 //! ever survives a parse. No floating point is involved anywhere.
 //!
-//! The supported magnitude is `i128::MAX` nano-units (about 1.7e29 units). Upstream keeps
-//! arbitrary precision decimals, so strings beyond that range (such as `1e30`) are rejected
-//! with [`QuantityError::OutOfRange`] instead of being silently wrong; arithmetic saturates.
+//! Every practical value fits an `i128` (about ±1.7e29 units), the fast path. Upstream keeps
+//! arbitrary precision, and the apiserver accepts a tenant's `requests.memory: 1e30`; such
+//! values, and sums that leave the `i128` range, are held exactly as big integers up to
+//! [`MAX_BITS`] bits (about 1e1224 units). A string beyond that is refused by the parser
+//! ([`QuantityError::OutOfRange`]); an object carrying one is still counted, with that
+//! quantity [`Quantity::unknown`], and every sum it enters is unknown too, so a key is never
+//! written lower than upstream's value (the controller withholds it instead).
 
 use std::cmp::Ordering;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
+use num_bigint::{BigInt, BigUint, Sign};
+use num_traits::{ToPrimitive as _, Zero as _};
 
 /// Nano-units per unit: the precision floor of every parsed quantity.
 const NANOS_PER_UNIT: i128 = 1_000_000_000;
 
 /// The BinarySI cap of `ParseQuantity`: values above `2^63 - 1` units are clamped to it.
 const BINARY_SI_MAX_NANOS: u128 = (i64::MAX as u128) * 1_000_000_000;
+
+/// The largest magnitude held exactly, in bits of nano-units (2^4096 nano-units, about 1e1224
+/// units): far beyond any real request, and it bounds what one tenant-written string costs
+/// (512 bytes of big integer, where `1e2147483647` would otherwise take 900 MB to sum).
+pub const MAX_BITS: u64 = 4096;
 
 /// How a quantity prints, as remembered from the string it was parsed from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -52,26 +63,90 @@ pub enum QuantityError {
         /// The suffix that could not be interpreted.
         suffix: String,
     },
-    /// The value is valid Kubernetes syntax but beyond the supported range of about ±1.7e29.
-    #[error("quantity {input:?} is outside the supported range (|value| < 1.7e29)")]
+    /// The value is valid Kubernetes syntax but beyond [`MAX_BITS`] bits of nano-units.
+    #[error("quantity {input:?} is outside the supported range (|value| < 1e1224)")]
     OutOfRange {
         /// The rejected input.
         input: String,
     },
 }
 
-/// An exact Kubernetes quantity: value in nano-units plus the format it prints in.
+/// The value of a [`Quantity`]; each value has exactly one representation.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Amount {
+    /// Exact nano-units: the fast path, every practical value.
+    Nanos(i128),
+    /// Exact nano-units outside the `i128` range, at most [`MAX_BITS`] bits.
+    Big(Box<BigInt>),
+    /// Not held: a string beyond [`MAX_BITS`], or a sum or maximum that involved one.
+    Unknown,
+}
+
+impl Amount {
+    fn from_big(value: BigInt) -> Self {
+        if value.bits() > MAX_BITS {
+            return Self::Unknown;
+        }
+        match value.to_i128() {
+            Some(nanos) => Self::Nanos(nanos),
+            None => Self::Big(Box::new(value)),
+        }
+    }
+
+    fn to_big(&self) -> Option<BigInt> {
+        match self {
+            Self::Nanos(nanos) => Some(BigInt::from(*nanos)),
+            Self::Big(big) => Some((**big).clone()),
+            Self::Unknown => None,
+        }
+    }
+
+    /// The exact sum (unknown if either is, or beyond [`MAX_BITS`]).
+    fn add(&self, other: &Self) -> Self {
+        match (self, other) {
+            (Self::Nanos(a), Self::Nanos(b)) => a
+                .checked_add(*b)
+                .map_or_else(|| Self::from_big(BigInt::from(*a) + b), Self::Nanos),
+            (Self::Unknown, _) | (_, Self::Unknown) => Self::Unknown,
+            _ => match (self.to_big(), other.to_big()) {
+                (Some(a), Some(b)) => Self::from_big(a + b),
+                _ => Self::Unknown,
+            },
+        }
+    }
+}
+
+impl Ord for Amount {
+    /// By value; unknown sorts above every value (a maximum involving it is unknown).
+    fn cmp(&self, other: &Self) -> Ordering {
+        match (self, other) {
+            (Self::Nanos(a), Self::Nanos(b)) => a.cmp(b),
+            (Self::Unknown, Self::Unknown) => Ordering::Equal,
+            (Self::Unknown, _) => Ordering::Greater,
+            (_, Self::Unknown) => Ordering::Less,
+            _ => self.to_big().cmp(&other.to_big()),
+        }
+    }
+}
+
+impl PartialOrd for Amount {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// An exact Kubernetes quantity: its value plus the format it prints in.
 ///
 /// Equality, ordering and hashing are by value only, like upstream `Cmp`: `1Gi == 1073741824`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Quantity {
-    nanos: i128,
+    amount: Amount,
     format: Format,
 }
 
 impl PartialEq for Quantity {
     fn eq(&self, other: &Self) -> bool {
-        self.nanos == other.nanos
+        self.amount == other.amount
     }
 }
 
@@ -85,13 +160,13 @@ impl PartialOrd for Quantity {
 
 impl Ord for Quantity {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.nanos.cmp(&other.nanos)
+        self.amount.cmp(&other.amount)
     }
 }
 
 impl Hash for Quantity {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.nanos.hash(state);
+        self.amount.hash(state);
     }
 }
 
@@ -105,49 +180,79 @@ impl Default for Quantity {
 impl Quantity {
     /// A zero quantity that prints as `"0"` and carries `format` for later additions.
     pub const fn zero(format: Format) -> Self {
-        Self { nanos: 0, format }
+        Self::from_nanos(0, format)
     }
 
     /// `resource.NewQuantity(n, DecimalSI)`: how upstream expresses object counts.
     pub fn from_count(count: u64) -> Self {
-        Self {
-            nanos: i128::from(count) * NANOS_PER_UNIT,
-            format: Format::DecimalSI,
-        }
+        Self::from_nanos(i128::from(count) * NANOS_PER_UNIT, Format::DecimalSI)
     }
 
     /// A quantity of exactly `nanos` nano-units in `format`.
     pub const fn from_nanos(nanos: i128, format: Format) -> Self {
-        Self { nanos, format }
+        Self {
+            amount: Amount::Nanos(nanos),
+            format,
+        }
     }
 
-    /// The exact value in nano-units.
-    pub const fn nanos(self) -> i128 {
-        self.nanos
+    /// A quantity of exactly `nanos` nano-units in `format`; unknown beyond [`MAX_BITS`].
+    pub fn from_big_nanos(nanos: BigInt, format: Format) -> Self {
+        Self {
+            amount: Amount::from_big(nanos),
+            format,
+        }
+    }
+
+    /// The value an object carries when lazyquota cannot hold it (a string beyond
+    /// [`MAX_BITS`]): the object still counts, and every sum it enters is unknown.
+    pub const fn unknown() -> Self {
+        Self {
+            amount: Amount::Unknown,
+            format: Format::DecimalSI,
+        }
+    }
+
+    /// Whether the value is not held (see [`Quantity::unknown`]).
+    pub const fn is_unknown(&self) -> bool {
+        matches!(self.amount, Amount::Unknown)
+    }
+
+    /// The exact value in nano-units, if it fits an `i128`.
+    pub const fn nanos(&self) -> Option<i128> {
+        match self.amount {
+            Amount::Nanos(nanos) => Some(nanos),
+            _ => None,
+        }
+    }
+
+    /// The exact value in nano-units, at any size (`None` if unknown).
+    pub fn big_nanos(&self) -> Option<BigInt> {
+        self.amount.to_big()
     }
 
     /// The format the quantity prints in.
-    pub const fn format(self) -> Format {
+    pub const fn format(&self) -> Format {
         self.format
     }
 
     /// The same value printed in another format.
     #[must_use]
-    pub const fn with_format(self, format: Format) -> Self {
-        Self {
-            nanos: self.nanos,
-            format,
-        }
+    pub fn with_format(self, format: Format) -> Self {
+        Self { format, ..self }
     }
 
     /// Whether the value is zero (whatever the format).
-    pub const fn is_zero(self) -> bool {
-        self.nanos == 0
+    pub const fn is_zero(&self) -> bool {
+        matches!(self.amount, Amount::Nanos(0))
     }
 
-    /// Whether the value is a whole number of units.
-    pub const fn is_integer(self) -> bool {
-        self.nanos % NANOS_PER_UNIT == 0
+    /// Heap bytes owned by this value: zero on the fast path.
+    pub fn heap_bytes(&self) -> usize {
+        match &self.amount {
+            Amount::Big(big) => std::mem::size_of::<BigInt>() + big.magnitude().to_u64_digits().len() * 8,
+            _ => 0,
+        }
     }
 
     /// Parses a quantity exactly as `resource.ParseQuantity` does.
@@ -160,29 +265,19 @@ impl Quantity {
         parse(&quantity.0)
     }
 
-    /// The canonical string wrapped as a k8s-openapi quantity, as the controller would write it.
-    pub fn to_k8s(self) -> K8sQuantity {
+    /// The canonical string wrapped as a k8s-openapi quantity, as the controller would write it
+    /// (never called for an unknown value: the controller withholds those keys).
+    pub fn to_k8s(&self) -> K8sQuantity {
         K8sQuantity(self.to_string())
     }
 
-    /// `Quantity.Add`: the sum, or `None` on overflow. If `self` is zero the result takes
-    /// `other`'s format, which is why a usage sum prints in the format of its first non-zero
-    /// addend.
-    pub fn checked_add(self, other: Self) -> Option<Self> {
-        let format = if self.is_zero() { other.format } else { self.format };
-        Some(Self {
-            nanos: self.nanos.checked_add(other.nanos)?,
-            format,
-        })
-    }
-
-    /// `Quantity.Add` with the same format rule as [`Quantity::checked_add`], saturating at the
-    /// representable range instead of failing (a sum that large is already meaningless).
+    /// `Quantity.Add`, exact at any size. If `self` is zero the result takes `other`'s format,
+    /// which is why a usage sum prints in the format of its first non-zero addend.
     #[must_use]
-    pub fn saturating_add(self, other: Self) -> Self {
+    pub fn add(&self, other: &Self) -> Self {
         let format = if self.is_zero() { other.format } else { self.format };
         Self {
-            nanos: self.nanos.saturating_add(other.nanos),
+            amount: self.amount.add(&other.amount),
             format,
         }
     }
@@ -191,45 +286,51 @@ impl Quantity {
     /// `maxResourceList` which replaces only when the new value is strictly greater.
     #[must_use]
     pub fn max_by_value(self, other: Self) -> Self {
-        if other.nanos > self.nanos { other } else { self }
+        if other.amount > self.amount { other } else { self }
     }
 
     /// `Quantity.RoundUp(0)`: rounds away from zero to whole units, keeping the format.
     /// The flag is `true` when the value was already whole (no precision lost).
     #[must_use]
     pub fn round_up_to_integer(self) -> (Self, bool) {
-        let rem = self.nanos % NANOS_PER_UNIT;
-        if rem == 0 {
+        let Some(value) = self.amount.to_big() else {
+            return (self, false);
+        };
+        let unit = BigInt::from(NANOS_PER_UNIT);
+        // Rust's remainder has the dividend's sign, so `value - rem` rounds toward zero.
+        let rem = &value % &unit;
+        if rem.is_zero() {
             return (self, true);
         }
-        let toward_zero = self.nanos - rem;
-        let away = if self.nanos > 0 {
-            toward_zero.saturating_add(NANOS_PER_UNIT)
+        let negative = value.sign() == Sign::Minus;
+        let toward_zero = value - rem;
+        let away = if negative {
+            toward_zero - unit
         } else {
-            toward_zero.saturating_sub(NANOS_PER_UNIT)
+            toward_zero + unit
         };
-        (
-            Self {
-                nanos: away,
-                format: self.format,
-            },
-            false,
-        )
+        (Self::from_big_nanos(away, self.format), false)
     }
 }
 
 impl std::ops::Add for Quantity {
     type Output = Quantity;
 
-    /// Saturating [`Quantity::saturating_add`], with the upstream zero-adopts-format rule.
+    /// [`Quantity::add`]: exact, with the upstream zero-adopts-format rule.
     fn add(self, rhs: Self) -> Self::Output {
-        self.saturating_add(rhs)
+        Quantity::add(&self, &rhs)
     }
 }
 
 impl std::ops::AddAssign for Quantity {
     fn add_assign(&mut self, rhs: Self) {
-        *self = self.saturating_add(rhs);
+        *self = Quantity::add(self, &rhs);
+    }
+}
+
+impl std::ops::AddAssign<&Quantity> for Quantity {
+    fn add_assign(&mut self, rhs: &Quantity) {
+        *self = Quantity::add(self, rhs);
     }
 }
 
@@ -403,147 +504,59 @@ fn parse(input: &str) -> Result<Quantity, QuantityError> {
     };
 
     // value = digits * 10^(-len(denom)) * base^exponent, in nano-units: shift by 9 more.
-    let digits = scanned.num.bytes().chain(scanned.denom.bytes());
-    let mut big = BigUint::from_digits(digits);
+    let digits: Vec<u8> = scanned
+        .num
+        .bytes()
+        .chain(scanned.denom.bytes())
+        .map(|b| b - b'0')
+        .collect();
+    let mut big = BigUint::from_radix_be(&digits, 10).unwrap_or_default();
     let denom_len = i64::try_from(scanned.denom.len()).map_err(|_| out_of_range())?;
-    let (mut ten_exponent, two_exponent) = match base {
+    let (ten_exponent, two_exponent) = match base {
         Base::Ten => (exponent - denom_len + 9, 0),
         Base::Two => (9 - denom_len, exponent),
     };
-    let magnitude = if big.is_zero() {
-        Some(0)
-    } else {
-        if two_exponent > 0 {
-            big.shl_small(u32::try_from(two_exponent).unwrap_or(u32::MAX));
-        }
+    let mut overflow = false;
+    if !big.is_zero() {
+        big <<= usize::try_from(two_exponent).unwrap_or(0);
         let mut inexact = false;
-        let mut overflow = false;
-        while ten_exponent > 0 && !overflow {
-            big.mul_small(10);
-            overflow = big.bits() > 128;
-            ten_exponent -= 1;
+        if ten_exponent > 0 {
+            // Each power of ten adds more than 3 bits: refuse before computing a huge power.
+            let shift = u32::try_from(ten_exponent).unwrap_or(u32::MAX);
+            overflow = u64::from(shift) > MAX_BITS / 3 + 1;
+            if !overflow {
+                big *= BigUint::from(10u32).pow(shift);
+            }
+        } else if ten_exponent < 0 {
+            let shift = ten_exponent.unsigned_abs();
+            if shift > big.bits() {
+                // 10^shift > 2^shift > the digits: every digit is divided away.
+                big = BigUint::zero();
+                inexact = true;
+            } else {
+                let divisor = BigUint::from(10u32).pow(u32::try_from(shift).map_err(|_| out_of_range())?);
+                inexact = !(&big % &divisor).is_zero();
+                big /= divisor;
+            }
         }
-        while ten_exponent < 0 && !big.is_zero() {
-            inexact |= big.div_small(10) != 0;
-            ten_exponent += 1;
+        // Upstream rounds non-zero values up (away from zero) to the nano scale.
+        if inexact {
+            big += 1u32;
         }
-        if ten_exponent < 0 {
-            // Every remaining digit was divided away: a non-zero value below one nano-unit.
-            inexact = true;
-        }
-        if overflow {
-            None
-        } else {
-            // Upstream rounds non-zero values up (away from zero) to the nano scale.
-            big.to_u128().and_then(|v| v.checked_add(u128::from(inexact)))
-        }
-    };
-    let magnitude = match (format, magnitude) {
-        (Format::BinarySI, None) => BINARY_SI_MAX_NANOS,
-        (Format::BinarySI, Some(v)) => v.min(BINARY_SI_MAX_NANOS),
-        (_, None) => return Err(out_of_range()),
-        (_, Some(v)) => v,
-    };
-    let magnitude = i128::try_from(magnitude).map_err(|_| out_of_range())?;
-    if format == Format::BinarySI && magnitude > 0 && magnitude < NANOS_PER_UNIT {
+        overflow |= big.bits() > MAX_BITS;
+    }
+    let binary_si_max = BigUint::from(BINARY_SI_MAX_NANOS);
+    if format == Format::BinarySI && (overflow || big > binary_si_max) {
+        big = binary_si_max;
+    } else if overflow {
+        return Err(out_of_range());
+    }
+    if format == Format::BinarySI && !big.is_zero() && big < BigUint::from(NANOS_PER_UNIT.unsigned_abs()) {
         // Fractions of a byte cannot be written with binary suffixes.
         format = Format::DecimalSI;
     }
-    let nanos = if scanned.positive { magnitude } else { -magnitude };
-    Ok(Quantity { nanos, format })
-}
-
-/// A minimal unsigned big integer (little-endian base 2^32 limbs), used only while parsing
-/// so that long digit strings and large exponents are handled exactly.
-struct BigUint {
-    limbs: Vec<u32>,
-}
-
-// The `as` casts split a `u64` into its low and high 32-bit halves on purpose.
-#[allow(clippy::cast_possible_truncation)]
-impl BigUint {
-    fn from_digits(digits: impl Iterator<Item = u8>) -> Self {
-        let mut value = Self { limbs: Vec::new() };
-        for digit in digits {
-            value.mul_small(10);
-            value.add_small(u32::from(digit - b'0'));
-        }
-        value
-    }
-
-    fn is_zero(&self) -> bool {
-        self.limbs.iter().all(|&l| l == 0)
-    }
-
-    fn bits(&self) -> u64 {
-        let mut len = self.limbs.len();
-        while len > 0 && self.limbs[len - 1] == 0 {
-            len -= 1;
-        }
-        if len == 0 {
-            return 0;
-        }
-        (len as u64 - 1) * 32 + u64::from(32 - self.limbs[len - 1].leading_zeros())
-    }
-
-    fn mul_small(&mut self, factor: u32) {
-        let mut carry = 0u64;
-        for limb in &mut self.limbs {
-            let v = u64::from(*limb) * u64::from(factor) + carry;
-            *limb = v as u32;
-            carry = v >> 32;
-        }
-        if carry != 0 {
-            self.limbs.push(carry as u32);
-        }
-    }
-
-    fn add_small(&mut self, addend: u32) {
-        let mut carry = u64::from(addend);
-        for limb in &mut self.limbs {
-            if carry == 0 {
-                return;
-            }
-            let v = u64::from(*limb) + carry;
-            *limb = v as u32;
-            carry = v >> 32;
-        }
-        if carry != 0 {
-            self.limbs.push(carry as u32);
-        }
-    }
-
-    fn shl_small(&mut self, shift: u32) {
-        let mut remaining = shift;
-        while remaining > 0 {
-            let step = remaining.min(31);
-            self.mul_small(1 << step);
-            remaining -= step;
-        }
-    }
-
-    /// Divides in place, returning the remainder.
-    fn div_small(&mut self, divisor: u32) -> u32 {
-        let mut rem = 0u64;
-        for limb in self.limbs.iter_mut().rev() {
-            let v = (rem << 32) | u64::from(*limb);
-            *limb = (v / u64::from(divisor)) as u32;
-            rem = v % u64::from(divisor);
-        }
-        rem as u32
-    }
-
-    fn to_u128(&self) -> Option<u128> {
-        if self.bits() > 128 {
-            return None;
-        }
-        Some(
-            self.limbs
-                .iter()
-                .rev()
-                .fold(0u128, |acc, &l| (acc << 32) | u128::from(l)),
-        )
-    }
+    let sign = if scanned.positive { Sign::Plus } else { Sign::Minus };
+    Ok(Quantity::from_big_nanos(BigInt::from_biguint(sign, big), format))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -551,23 +564,26 @@ impl BigUint {
 // ---------------------------------------------------------------------------------------------
 
 /// Removes factors of `base` from `value`, returning the reduced value and the count.
-fn remove_factors(mut value: u128, base: u128) -> (u128, i32) {
+fn remove_factors(mut value: BigUint, base: u32) -> (BigUint, i32) {
     let mut times = 0;
-    while value >= base && value.is_multiple_of(base) {
-        value /= base;
+    loop {
+        let (quotient, rem) = (&value / base, &value % base);
+        if value < BigUint::from(base) || !rem.is_zero() {
+            return (value, times);
+        }
+        value = quotient;
         times += 1;
     }
-    (value, times)
 }
 
 /// `AsCanonicalBytes`: mantissa and a base-10 exponent that is a multiple of 3.
-fn canonical_decimal(magnitude: u128) -> (u128, i32) {
+fn canonical_decimal(magnitude: BigUint) -> (BigUint, i32) {
     let (mut mantissa, times) = remove_factors(magnitude, 10);
     let mut exponent = times - 9;
     let shift = exponent.rem_euclid(3);
     // shift <= times, so the mantissa never exceeds the original magnitude.
     for _ in 0..shift {
-        mantissa *= 10;
+        mantissa *= 10u32;
     }
     exponent -= shift;
     (mantissa, exponent)
@@ -589,7 +605,12 @@ fn decimal_si_suffix(exponent: i32) -> Option<&'static str> {
     })
 }
 
-fn write_exponent_form(f: &mut fmt::Formatter<'_>, sign: &str, mantissa: u128, exponent: i32) -> fmt::Result {
+fn write_exponent_form(
+    f: &mut fmt::Formatter<'_>,
+    sign: &str,
+    mantissa: &BigUint,
+    exponent: i32,
+) -> fmt::Result {
     if exponent == 0 {
         write!(f, "{sign}{mantissa}")
     } else {
@@ -598,22 +619,25 @@ fn write_exponent_form(f: &mut fmt::Formatter<'_>, sign: &str, mantissa: u128, e
 }
 
 impl fmt::Display for Quantity {
-    /// `CanonicalizeBytes`: the string Kubernetes writes for a computed quantity.
+    /// `CanonicalizeBytes`: the string Kubernetes writes for a computed quantity. An unknown
+    /// value prints as `<unknown>` (in logs only: it is never written).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.nanos == 0 {
-            return f.write_str("0");
-        }
-        let sign = if self.nanos < 0 { "-" } else { "" };
-        let magnitude = self.nanos.unsigned_abs();
+        let value = match &self.amount {
+            Amount::Unknown => return f.write_str("<unknown>"),
+            Amount::Nanos(0) => return f.write_str("0"),
+            amount => amount.to_big().unwrap_or_default(),
+        };
+        let (sign, magnitude) = value.into_parts();
+        let sign = if sign == Sign::Minus { "-" } else { "" };
+        let nano = BigUint::from(NANOS_PER_UNIT.unsigned_abs());
         let format = match self.format {
-            Format::BinarySI if magnitude < 1024 * NANOS_PER_UNIT.unsigned_abs() => Format::DecimalSI,
-            Format::BinarySI if !self.is_integer() => Format::DecimalSI,
+            Format::BinarySI if magnitude < BigUint::from(1024u32) * &nano => Format::DecimalSI,
+            Format::BinarySI if !(&magnitude % &nano).is_zero() => Format::DecimalSI,
             other => other,
         };
         match format {
             Format::BinarySI => {
-                let units = magnitude / NANOS_PER_UNIT.unsigned_abs();
-                let (mantissa, times) = remove_factors(units, 1024);
+                let (mantissa, times) = remove_factors(&magnitude / &nano, 1024);
                 let suffix = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
                 if let Some(suffix) = usize::try_from(times).ok().and_then(|t| suffix.get(t)) {
                     write!(f, "{sign}{mantissa}{suffix}")
@@ -621,7 +645,7 @@ impl fmt::Display for Quantity {
                     // Past Ei there is no binary suffix; the newest upstream falls back to an
                     // exact exponent form instead of dropping the magnitude.
                     let (mantissa, exponent) = canonical_decimal(magnitude);
-                    write_exponent_form(f, sign, mantissa, exponent)
+                    write_exponent_form(f, sign, &mantissa, exponent)
                 }
             }
             Format::DecimalSI => {
@@ -629,12 +653,12 @@ impl fmt::Display for Quantity {
                 match decimal_si_suffix(exponent) {
                     Some(suffix) => write!(f, "{sign}{mantissa}{suffix}"),
                     // Beyond "E" the newest upstream switches to exponent notation.
-                    None => write_exponent_form(f, sign, mantissa, exponent),
+                    None => write_exponent_form(f, sign, &mantissa, exponent),
                 }
             }
             Format::DecimalExponent => {
                 let (mantissa, exponent) = canonical_decimal(magnitude);
-                write_exponent_form(f, sign, mantissa, exponent)
+                write_exponent_form(f, sign, &mantissa, exponent)
             }
         }
     }
@@ -664,7 +688,9 @@ pub enum CompactQuantity {
 
 impl From<Quantity> for CompactQuantity {
     fn from(q: Quantity) -> Self {
-        let mut mantissa = q.nanos;
+        let Some(mut mantissa) = q.nanos() else {
+            return CompactQuantity::Large(Box::new(q));
+        };
         let mut exponent: i8 = 0;
         while mantissa != 0 && mantissa % 10 == 0 {
             mantissa /= 10;
@@ -693,7 +719,7 @@ impl From<&CompactQuantity> for Quantity {
                 let nanos = (0..*exponent).fold(i128::from(*mantissa), |acc, _| acc * 10);
                 Quantity::from_nanos(nanos, *format)
             }
-            CompactQuantity::Large(q) => **q,
+            CompactQuantity::Large(q) => (**q).clone(),
         }
     }
 }
@@ -708,7 +734,7 @@ impl CompactQuantity {
     pub fn heap_bytes(&self) -> usize {
         match self {
             CompactQuantity::Small { .. } => 0,
-            CompactQuantity::Large(_) => std::mem::size_of::<Quantity>(),
+            CompactQuantity::Large(q) => std::mem::size_of::<Quantity>() + q.heap_bytes(),
         }
     }
 }

@@ -17,6 +17,14 @@ pub struct StatusDecision {
     pub used: BTreeMap<String, K8sQuantity>,
     /// Whether a status update is due.
     pub dirty: bool,
+    /// Keys whose usage is unknown (an object carries a quantity beyond
+    /// [`crate::quantity::MAX_BITS`]): removed from `used`, never written lower. Quota
+    /// admission then refuses every request that would charge them ("status unknown for
+    /// quota") until the object is gone — it fails closed.
+    pub withheld: Vec<String>,
+    /// `spec.hard` keys no evaluator computed this time (not synced, not served, forbidden):
+    /// they keep their previous value, which is therefore not lazyquota's own.
+    pub uncomputed: Vec<String>,
 }
 
 /// Value equality of two quantity strings (`Cmp`), falling back to string equality for
@@ -57,15 +65,30 @@ pub fn assemble_status(
     let mut dirty =
         !lists_equal(spec_hard, status_hard.unwrap_or(&empty)) || status_hard_nil || status_used_nil;
     let mut used = previous_used.clone();
+    let mut withheld = Vec::new();
     for (key, value) in new_usage {
-        used.insert(key.clone(), value.to_k8s());
+        if value.is_unknown() {
+            used.remove(key);
+            if spec_hard.contains_key(key) {
+                withheld.push(key.clone());
+            }
+        } else {
+            used.insert(key.clone(), value.to_k8s());
+        }
     }
     used.retain(|key, _| spec_hard.contains_key(key));
+    let uncomputed = spec_hard
+        .keys()
+        .filter(|key| !new_usage.contains_key(*key))
+        .cloned()
+        .collect();
     dirty |= !lists_equal(&used, previous_used);
     StatusDecision {
         hard: spec_hard.clone(),
         used,
         dirty,
+        withheld,
+        uncomputed,
     }
 }
 

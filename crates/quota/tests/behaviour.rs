@@ -26,7 +26,9 @@ fn gates() -> FeatureGates {
 
 fn pod_projection(value: Value) -> PodProjection {
     let pod: Pod = serde_json::from_value(value).unwrap();
-    PodProjection::from_pod(&pod, gates(), &Interner::new()).unwrap()
+    PodProjection::from_pod(&pod, gates(), &Interner::new())
+        .strict()
+        .unwrap()
 }
 
 fn k8s(map: &[(&str, &str)]) -> BTreeMap<String, K8sQuantity> {
@@ -585,7 +587,9 @@ fn update_filter_table() {
     no_ippvs.in_place_pod_vertical_scaling = false;
     let interner = Interner::new();
     let project = |v: Value| {
-        PodProjection::from_pod(&serde_json::from_value::<Pod>(v).unwrap(), no_ippvs, &interner).unwrap()
+        PodProjection::from_pod(&serde_json::from_value::<Pod>(v).unwrap(), no_ippvs, &interner)
+            .strict()
+            .unwrap()
     };
     assert!(!pod_update_triggers(
         &project(with_status_resources(Some("1"))),
@@ -638,7 +642,9 @@ fn update_filter_table() {
             "services: {rule}"
         );
     }
-    let claim = PvcProjection::from_pvc(&PersistentVolumeClaim::default(), &interner).unwrap();
+    let claim = PvcProjection::from_pvc(&PersistentVolumeClaim::default(), &interner)
+        .strict()
+        .unwrap();
     assert!(
         pvc_update_triggers(&claim, &claim),
         "PVC updates always trigger (pointer comparison bug)"
@@ -703,7 +709,10 @@ fn projection_sizes() {
         "resources": {"requests": {"storage": "10Gi"}}}}))
         .unwrap();
     assert_eq!(
-        PvcProjection::from_pvc(&claim, &interner).unwrap().heap_bytes(),
+        PvcProjection::from_pvc(&claim, &interner)
+            .strict()
+            .unwrap()
+            .heap_bytes(),
         0
     );
 }
@@ -713,13 +722,61 @@ fn extraction_errors_name_the_field_and_value() {
     let pod: Pod = serde_json::from_value(json!({"metadata": {}, "spec": {"containers": [
         {"name": "app", "resources": {"requests": {"cpu": "lots"}}}]}}))
     .unwrap();
-    let err = PodProjection::from_pod(&pod, gates(), &Interner::new()).unwrap_err();
+    let err = PodProjection::from_pod(&pod, gates(), &Interner::new())
+        .strict()
+        .unwrap_err();
     let message = err.to_string();
     assert!(
         message.contains("spec.containers[app].resources.requests[cpu]"),
         "{message}"
     );
     assert!(message.contains("\"lots\""), "{message}");
+}
+
+/// A tenant's quantity beyond what lazyquota holds (`1e2000`, which the apiserver accepts)
+/// must not drop the pod — that would let it exceed `pods` — nor lower a sum: the pod counts,
+/// the sums it enters are unknown, and the status withholds those keys (absent, so quota
+/// admission refuses to charge them) instead of writing a lower value.
+#[test]
+fn a_pod_beyond_range_still_counts_and_its_sums_are_withheld_never_lowered() {
+    let pod: Pod = serde_json::from_value(json!({"metadata": {}, "spec": {"containers": [
+        {"name": "app", "resources": {"requests": {"memory": "1e2000", "cpu": "1"}}}]}}))
+    .unwrap();
+    let extracted = PodProjection::from_pod(&pod, gates(), &Interner::new());
+    assert_eq!(extracted.problems.len(), 1, "{:?}", extracted.problems);
+    assert!(extracted.problems[0].field.contains("requests[memory]"));
+    let other = pod_projection(json!({"metadata": {}, "spec": {"containers": [
+        {"name": "app", "resources": {"requests": {"memory": "64Mi", "cpu": "500m"}}}]}}));
+    let pods = [extracted.projection, other];
+    let keys = ["pods", "requests.memory", "requests.cpu"];
+    let stats = calculate_usage(
+        &keys,
+        &QuotaScopes::none(),
+        &pods,
+        Time::from_unix_seconds(NOW),
+        gates(),
+    );
+    assert_eq!(stats.used["pods"], Quantity::from_count(2), "both pods count");
+    assert_eq!(
+        stats.used["requests.cpu"].to_string(),
+        "1500m",
+        "other sums stay exact"
+    );
+    assert!(stats.used["requests.memory"].is_unknown());
+    let hard: BTreeMap<String, K8sQuantity> = keys
+        .iter()
+        .map(|k| ((*k).to_owned(), K8sQuantity("1E40".into())))
+        .collect();
+    let before: BTreeMap<String, K8sQuantity> =
+        [("requests.memory".to_owned(), K8sQuantity("64Mi".into()))].into();
+    let decision = assemble_status(Some(&hard), Some(&hard), Some(&before), &stats.used);
+    assert_eq!(decision.withheld, vec!["requests.memory".to_owned()]);
+    assert!(
+        !decision.used.contains_key("requests.memory"),
+        "withheld, not the old 64Mi"
+    );
+    assert_eq!(decision.used["pods"].0, "2");
+    assert!(decision.dirty);
 }
 
 #[test]

@@ -63,7 +63,11 @@ fn sync(gates: FeatureGates, quota: &Value, objects: &[Value], now: Time) -> Sta
         match o["kind"].as_str().unwrap() {
             "Pod" => {
                 let p: Pod = serde_json::from_value(o.clone()).expect("pod");
-                pods.push(PodProjection::from_pod(&p, gates, &interner).expect("pod projection"));
+                pods.push(
+                    PodProjection::from_pod(&p, gates, &interner)
+                        .strict()
+                        .expect("pod projection"),
+                );
             }
             "Service" => {
                 let s: Service = serde_json::from_value(o.clone()).expect("service");
@@ -71,7 +75,11 @@ fn sync(gates: FeatureGates, quota: &Value, objects: &[Value], now: Time) -> Sta
             }
             "PersistentVolumeClaim" => {
                 let c: PersistentVolumeClaim = serde_json::from_value(o.clone()).expect("pvc");
-                pvcs.push(PvcProjection::from_pvc(&c, &interner).expect("pvc projection"));
+                pvcs.push(
+                    PvcProjection::from_pvc(&c, &interner)
+                        .strict()
+                        .expect("pvc projection"),
+                );
             }
             kind => {
                 let group = o["apiVersion"]
