@@ -399,6 +399,104 @@ async fn a_standby_takes_over_when_the_leader_dies_and_never_both_lead() {
     ns.delete().await.expect("delete namespace");
 }
 
+/// A leader whose connection to the apiserver is black-holed (a proxy that stops forwarding
+/// and closes nothing, so only deadlines can notice) gives up at its renew deadline — each
+/// renewal is bounded — and exits before the standby, which reaches the apiserver directly,
+/// takes over after the lease duration: never two leaders.
+#[tokio::test]
+async fn a_black_holed_leader_stops_before_the_standby_takes_over() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cp = ControlPlane::get(Flavor::LazyquotaOnly);
+    let url = cp.fact("LAZYQUOTA_APISERVER_URL").expect("apiserver url");
+    let target = url
+        .trim_start_matches("https://")
+        .parse()
+        .expect("apiserver address");
+    let proxy = lazyquota_testenv::proxy::CuttingProxy::start(target, 11)
+        .await
+        .expect("proxy");
+    let proxied = std::env::temp_dir().join(format!("{}.kubeconfig", unique_name("hole")));
+    proxy
+        .kubeconfig(cp.kubeconfig(), &proxied)
+        .expect("proxied kubeconfig");
+    let lease: &'static str = Box::leak(unique_name("lease").into_boxed_str());
+    let flags = |id: &'static str| {
+        vec![
+            "--leader-elect",
+            "--leader-election-namespace",
+            "default",
+            "--leader-election-lease-name",
+            lease,
+            "--leader-election-identity",
+            id,
+            "--leader-election-lease-duration",
+            "4s",
+            "--leader-election-renew-deadline",
+            "3s",
+            "--leader-election-retry-period",
+            "500ms",
+        ]
+    };
+    let mut leader = Lazyquota::start(&proxied, &flags("behind-proxy"));
+    let leads = eventually(WAIT, || async { leader.leader().await?.then_some(()) }).await;
+    assert!(
+        leads.is_some(),
+        "the proxied replica leads first; log:\n{}",
+        leader.log()
+    );
+    let standby = Lazyquota::start(cp.kubeconfig(), &flags("direct"));
+    let ready = eventually(WAIT, || async {
+        (standby.get("/readyz").await?.0 == 200).then_some(())
+    })
+    .await;
+    assert!(ready.is_some(), "the standby is ready as a standby");
+    assert_eq!(standby.leader().await, Some(false), "one leader");
+
+    proxy.set_black_hole(true);
+    let holed = tokio::time::Instant::now();
+    // Sample both every 20 ms until the standby leads: the old leader must be gone (exited,
+    // or at least no longer claiming leadership) in every sample where the standby leads.
+    let end = holed + Duration::from_secs(30);
+    let mut leader_gone = None;
+    loop {
+        let exited = leader.child.try_wait().expect("wait").is_some();
+        let claims = !exited && leader.leader().await.unwrap_or(false);
+        if !claims && leader_gone.is_none() {
+            leader_gone = Some(holed.elapsed());
+        }
+        if standby.leader().await == Some(true) {
+            assert!(
+                !claims,
+                "two leaders: the standby leads while the black-holed leader still does; log:\n{}",
+                leader.log()
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "the standby took over within 30 s; leader log:\n{}",
+            leader.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let gone = leader_gone.expect("the old leader stopped first");
+    eprintln!("black-holed leader stopped claiming after {gone:?}");
+    let end = tokio::time::Instant::now() + WAIT;
+    let exit = loop {
+        if let Some(status) = leader.child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(tokio::time::Instant::now() < end, "the old leader exits");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        !exit.success(),
+        "the old leader exits with an error (lost the lease)"
+    );
+    assert!(leader.log().contains("lost the leader lease"), "{}", leader.log());
+    proxy.set_black_hole(false);
+}
+
 /// `--metrics-auth delegated`: /metrics over HTTPS answers 401 without a token, 403 to a
 /// ServiceAccount without `get` on the path, 200 to one with it (TokenReview +
 /// SubjectAccessReview, as KCM's secure port); /healthz stays open. No token reaches the log.

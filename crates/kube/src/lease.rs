@@ -91,6 +91,9 @@ pub struct LeaseLock {
     identity: String,
     timing: Timing,
     observed: Option<Observed>,
+    /// When the last write that made us holder was **sent**: the apiserver cannot have
+    /// recorded it earlier, so the leader's renew deadline counts from here.
+    held_since_sent: Option<Instant>,
 }
 
 impl LeaseLock {
@@ -103,12 +106,14 @@ impl LeaseLock {
             identity: identity.to_owned(),
             timing,
             observed: None,
+            held_since_sent: None,
         }
     }
 
     /// Tries once; returns whether we hold the lease afterwards. `reachable` is set to
     /// whether the apiserver answered (a standby that can reach it is ready).
     async fn try_once(&mut self, reachable: &mut bool) -> bool {
+        let sent = Instant::now();
         let current = match self.api.get_opt(&self.name).await {
             Ok(lease) => {
                 *reachable = true;
@@ -154,6 +159,7 @@ impl LeaseLock {
                     info!(lease = %self.name, identity = %self.identity, "acquired the leader lease");
                 }
                 self.observe(Some(&written), Instant::now());
+                self.held_since_sent = Some(sent);
                 true
             }
             Err(error) => {
@@ -222,18 +228,31 @@ impl LeaseLock {
 
     /// Renews while leading; returns when the lease is lost (not renewed for the renew
     /// deadline, or taken by someone else).
+    ///
+    /// Each renewal attempt is cut off at the renew deadline, counted from when the last
+    /// successful write was *sent* (client-go bounds a renewal the same way): a black-holed
+    /// connection cannot keep a leader leading. A standby takes over only after seeing the
+    /// record unchanged for the lease duration (longer than the renew deadline), so the
+    /// leader has stopped by then.
     pub async fn hold(&mut self) -> Lost {
-        let mut last_renewal = Instant::now();
+        let deadline = self.timing.renew_deadline;
         loop {
             tokio::time::sleep(self.timing.retry_period).await;
+            let since = self.held_since_sent.unwrap_or_else(Instant::now);
+            let left = deadline.saturating_sub(since.elapsed());
             let mut reachable = false;
-            if self.try_once(&mut reachable).await {
-                last_renewal = Instant::now();
-            } else if self
-                .observed
-                .as_ref()
-                .is_some_and(|o| o.holder.as_deref() != Some(self.identity.as_str()))
-                || last_renewal.elapsed() >= self.timing.renew_deadline
+            let renewed = tokio::time::timeout(left, self.try_once(&mut reachable))
+                .await
+                .unwrap_or_else(|_| {
+                    warn!(lease = %self.name, ?deadline, "renewing the leader lease did not finish before the renew deadline");
+                    false
+                });
+            if !renewed
+                && (self
+                    .observed
+                    .as_ref()
+                    .is_some_and(|o| o.holder.as_deref() != Some(self.identity.as_str()))
+                    || self.held_since_sent.unwrap_or(since).elapsed() >= deadline)
             {
                 return Lost {
                     namespace: self.namespace.clone(),

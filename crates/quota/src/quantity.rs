@@ -267,7 +267,20 @@ impl Quantity {
 
     /// The canonical string wrapped as a k8s-openapi quantity, as the controller would write it
     /// (never called for an unknown value: the controller withholds those keys).
+    ///
+    /// One deliberate difference from upstream: a BinarySI value beyond 2^63-1 units is written
+    /// in decimal. The apiserver caps a binary-suffixed string at 2^63-1 when it parses it, so
+    /// KCM's `…Mi` string for such a sum (a `64Mi` pod counted before a tenant's `1e30` one) is
+    /// stored lower than the usage — an undercount lazyquota does not copy.
     pub fn to_k8s(&self) -> K8sQuantity {
+        let beyond_binary_cap = self.format == Format::BinarySI
+            && self
+                .amount
+                .to_big()
+                .is_some_and(|v| v.magnitude() > &BigUint::from(BINARY_SI_MAX_NANOS));
+        if beyond_binary_cap {
+            return K8sQuantity(self.clone().with_format(Format::DecimalSI).to_string());
+        }
         K8sQuantity(self.to_string())
     }
 

@@ -197,6 +197,12 @@ fn values_beyond_i128_are_exact_and_beyond_max_bits_refused_quickly() {
         .fold(Quantity::zero(D), |acc, x| acc.add(x));
     assert_eq!(sum.to_string(), "3000000000000000000000067108864");
     assert_eq!(sum.format(), X, "the first non-zero addend's format");
+    // Written to the API, a binary-format sum beyond 2^63-1 units reads back exactly: the
+    // apiserver would cap its `…Mi` string at 2^63-1.
+    let binary_first = q("64Mi").add(&q("1e30")).add(&q("1e30"));
+    assert_eq!(binary_first.to_string(), "1907348632812500000000064Mi");
+    assert_eq!(binary_first.to_k8s().0, "2000000000000000000000067108864");
+    assert_eq!(q("7Ei").to_k8s().0, "7Ei", "below the cap it keeps its suffix");
     // Across the i128 boundary and back: one representation per value.
     let max = Quantity::from_nanos(i128::MAX, D);
     let next = max.clone() + Quantity::from_nanos(1, D);

@@ -4,6 +4,11 @@
 //! 127.0.0.1 on any port). While cutting is on, each connection lives a random 100 ms–2 s and
 //! is then closed on both sides mid-stream — a watch, a list or a status write in flight.
 //! Deterministic for a seed: connection `n`'s lifetime is derived from `(seed, n)`.
+//!
+//! While black-holing is on, nothing is forwarded and nothing is closed: open connections
+//! stall (the kernel still acknowledges what the client sends, so TCP keepalive sees a live
+//! peer) and new ones are accepted but never answered — an apiserver that hangs, or a route
+//! that drops packets. When it is lifted, the stalled connections are closed.
 
 use std::{
     net::SocketAddr,
@@ -24,6 +29,7 @@ use tokio::{
 pub struct CuttingProxy {
     addr: SocketAddr,
     cutting: Arc<AtomicBool>,
+    black_hole: Arc<AtomicBool>,
     cuts: Arc<AtomicU64>,
     accept: JoinHandle<()>,
 }
@@ -39,19 +45,26 @@ impl CuttingProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let cutting = Arc::new(AtomicBool::new(false));
+        let black_hole = Arc::new(AtomicBool::new(false));
         let cuts = Arc::new(AtomicU64::new(0));
-        let (c, n) = (cutting.clone(), cuts.clone());
+        let (c, b, n) = (cutting.clone(), black_hole.clone(), cuts.clone());
         let accept = tokio::spawn(async move {
             let mut connection = 0_u64;
             while let Ok((inbound, _)) = listener.accept().await {
                 connection += 1;
                 let lifetime = Duration::from_millis(100 + mix(seed, connection) % 1_900);
-                tokio::spawn(forward(inbound, target, lifetime, c.clone(), n.clone()));
+                let faults = Faults {
+                    cutting: c.clone(),
+                    black_hole: b.clone(),
+                    cuts: n.clone(),
+                };
+                tokio::spawn(forward(inbound, target, lifetime, faults));
             }
         });
         Ok(Self {
             addr,
             cutting,
+            black_hole,
             cuts,
             accept,
         })
@@ -69,6 +82,11 @@ impl CuttingProxy {
     }
 
     /// Connections cut so far.
+    /// Turns black-holing on or off (see the module documentation).
+    pub fn set_black_hole(&self, on: bool) {
+        self.black_hole.store(on, Ordering::SeqCst);
+    }
+
     pub fn cuts(&self) -> u64 {
         self.cuts.load(Ordering::SeqCst)
     }
@@ -93,20 +111,30 @@ impl Drop for CuttingProxy {
     }
 }
 
-async fn forward(
-    mut inbound: TcpStream,
-    target: SocketAddr,
-    lifetime: Duration,
+/// The switches shared by every connection of a proxy.
+struct Faults {
     cutting: Arc<AtomicBool>,
+    black_hole: Arc<AtomicBool>,
     cuts: Arc<AtomicU64>,
-) {
+}
+
+/// Resolves once `flag` reads `on` (checked every 20 ms).
+async fn until(flag: &AtomicBool, on: bool) {
+    while flag.load(Ordering::SeqCst) != on {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn forward(mut inbound: TcpStream, target: SocketAddr, lifetime: Duration, faults: Faults) {
+    // A connection made into the black hole is accepted and never answered.
+    until(&faults.black_hole, false).await;
     let Ok(mut outbound) = TcpStream::connect(target).await else {
         return;
     };
     let cut = async {
         loop {
             tokio::time::sleep(lifetime).await;
-            if cutting.load(Ordering::SeqCst) {
+            if faults.cutting.load(Ordering::SeqCst) {
                 return;
             }
         }
@@ -114,13 +142,15 @@ async fn forward(
     tokio::select! {
         _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
         () = cut => {
-            cuts.fetch_add(1, Ordering::SeqCst);
+            faults.cuts.fetch_add(1, Ordering::SeqCst);
+        }
+        () = until(&faults.black_hole, true) => {
+            // Stall with both sockets open; close them once the black hole is lifted.
+            until(&faults.black_hole, false).await;
         }
     }
-    // Dropping both streams closes them: the client sees the connection end mid-request.
 }
 
-/// splitmix64 of (seed, n): a reproducible pseudo-random number without a crate.
 fn mix(seed: u64, n: u64) -> u64 {
     let mut z = seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
