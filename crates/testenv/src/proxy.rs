@@ -81,12 +81,12 @@ impl CuttingProxy {
         self.cutting.store(on, Ordering::SeqCst);
     }
 
-    /// Connections cut so far.
     /// Turns black-holing on or off (see the module documentation).
     pub fn set_black_hole(&self, on: bool) {
         self.black_hole.store(on, Ordering::SeqCst);
     }
 
+    /// Connections cut so far.
     pub fn cuts(&self) -> u64 {
         self.cuts.load(Ordering::SeqCst)
     }
@@ -165,8 +165,8 @@ mod tests {
 
     /// An echo server behind the proxy: bytes pass while cutting is off; with cutting on the
     /// connection is closed within its lifetime (≤ 2 s) and counted.
-    #[tokio::test]
-    async fn forwards_then_cuts() {
+    /// A loopback echo server's address.
+    async fn echo() -> SocketAddr {
         let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let target = echo.local_addr().unwrap();
         tokio::spawn(async move {
@@ -181,6 +181,12 @@ mod tests {
                 });
             }
         });
+        target
+    }
+
+    #[tokio::test]
+    async fn forwards_then_cuts() {
+        let target = echo().await;
         let proxy = CuttingProxy::start(target, 7).await.unwrap();
         let mut client = TcpStream::connect(proxy.addr()).await.unwrap();
         client.write_all(b"ping").await.unwrap();
@@ -200,5 +206,28 @@ mod tests {
         .await;
         assert!(closed.is_ok(), "the connection is cut in time");
         assert_eq!(proxy.cuts(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_black_hole_stalls_open_and_new_connections_then_closes_them() {
+        let proxy = CuttingProxy::start(echo().await, 7).await.unwrap();
+        let mut open = TcpStream::connect(proxy.addr()).await.unwrap();
+        open.write_all(b"ping").await.unwrap();
+        let mut buf = [0_u8; 4];
+        open.read_exact(&mut buf).await.unwrap();
+        proxy.set_black_hole(true);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
+        for stream in [&mut open, &mut fresh] {
+            stream.write_all(b"ping").await.unwrap();
+            let answer = tokio::time::timeout(Duration::from_millis(500), stream.read(&mut buf)).await;
+            assert!(answer.is_err(), "nothing comes back and nothing is closed");
+        }
+        proxy.set_black_hole(false);
+        let closed = tokio::time::timeout(Duration::from_secs(5), open.read(&mut buf)).await;
+        assert!(
+            matches!(closed, Ok(Ok(0) | Err(_))),
+            "a stalled connection is closed once the black hole is lifted"
+        );
     }
 }
