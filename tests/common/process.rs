@@ -30,7 +30,11 @@ impl Lazyquota {
         let port = free_port();
         let log = std::env::temp_dir().join(format!("{}.log", unique_name("lazyquota")));
         let out = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_lazyquota"))
+        // LAZYQUOTA_TEST_BIN: a copy of the binary, so a long test loop is not disturbed by
+        // a rebuild of target/debug/lazyquota.
+        let bin = std::env::var("LAZYQUOTA_TEST_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_lazyquota").to_owned());
+        let child = Command::new(bin)
             .args([
                 "run",
                 "--kubeconfig",

@@ -96,6 +96,8 @@ pub struct Config {
     /// The cluster is a kcp logical cluster: discovery is re-run on APIBinding changes (kcp
     /// serves no APIServices).
     pub kcp: bool,
+    /// kcp: the logical cluster's workspace path (`root:org:team`), named in Events.
+    pub workspace: Option<String>,
 }
 
 impl Default for Config {
@@ -112,6 +114,7 @@ impl Default for Config {
             streaming_lists: Some(false),
             instance: "lazyquota".into(),
             kcp: false,
+            workspace: None,
         }
     }
 }
@@ -120,6 +123,16 @@ impl Default for Config {
 const MAX_NOTE_BYTES: usize = 1000;
 
 /// `text` cut to at most `max` bytes at a character boundary, marked with an ellipsis.
+/// An Event's note: on kcp it starts with the workspace path, so an Event read on the shard
+/// (or exported) says where it happened; cut to what events.k8s.io/v1 accepts (error texts
+/// can be longer).
+fn event_note(workspace: Option<&str>, note: &str) -> String {
+    match workspace {
+        Some(path) => truncate(&format!("[workspace {path}] {note}"), MAX_NOTE_BYTES),
+        None => truncate(note, MAX_NOTE_BYTES),
+    }
+}
+
 fn truncate(text: &str, max: usize) -> String {
     if text.len() <= max {
         return text.to_owned();
@@ -1099,8 +1112,7 @@ impl Controller {
             uid,
             ..ObjectReference::default()
         };
-        // events.k8s.io/v1 rejects a note over 1 KiB; error texts can be longer.
-        let note = truncate(note, MAX_NOTE_BYTES);
+        let note = event_note(self.config.workspace.as_deref(), note);
         let event = Event {
             type_,
             reason: reason.to_owned(),
@@ -1486,7 +1498,18 @@ fn api_change_stream(client: &Client, kcp: bool) -> BoxStream<'static, ()> {
 
 #[cfg(test)]
 mod tests {
-    use super::truncate;
+    use super::{MAX_NOTE_BYTES, event_note, truncate};
+
+    #[test]
+    fn kcp_event_notes_start_with_the_workspace_path_and_still_fit() {
+        assert_eq!(event_note(None, "x"), "x");
+        assert_eq!(
+            event_note(Some("root:org:team"), "x"),
+            "[workspace root:org:team] x"
+        );
+        let long = event_note(Some("root:org:team"), &"y".repeat(5000));
+        assert!(long.starts_with("[workspace root:org:team] ") && long.len() <= MAX_NOTE_BYTES);
+    }
 
     #[test]
     fn event_notes_fit_the_api_limit_on_a_char_boundary() {

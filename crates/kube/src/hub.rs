@@ -14,8 +14,16 @@
 //! the shared events that arrive meanwhile are buffered and only those newer than L are passed
 //! on, so nothing is counted twice or missed (resourceVersions of one shard are comparable
 //! across its logical clusters; and a shared list begun before the subscription is at or below
-//! L). A failed list is retried with backoff, the buffer kept. A relist of the shared watch is
-//! a relist for every subscriber.
+//! L). A failed list is retried with backoff (2 s doubling up to 5 minutes), the buffer kept.
+//! A relist of the shared watch is a relist for every subscriber.
+//!
+//! Bounds: controllers hand the hub their demand and subscriptions through shared state (a
+//! demand table and a list of pending subscriptions, sized by what is demanded, not by how
+//! often), not a queue. Each subscriber may have at most [`MAX_PENDING`] events not yet read
+//! by its controller, and a joining one at most [`MAX_PENDING`] buffered; beyond that the
+//! subscriber **overflows**: its events are dropped and, once its controller has caught up, it
+//! joins again with a list of its own — overflow turns into a relist, never into lost counts.
+//! The hub's task ends when the last [`Hub`] handle is dropped (a lost Lease drops them all).
 //!
 //! Costs: one task for the hub; per shared type one watch (one connection over HTTP/1.1) and the
 //! metadata decoding of every event of that type on the shard, also of clusters nobody asked
@@ -24,6 +32,10 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
@@ -42,7 +54,7 @@ use lazyquota_index::{
     keys::{ClusterName, GroupResource},
     resolver::ServedResource,
 };
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tracing::{debug, info, warn};
 
 use crate::{
@@ -51,41 +63,85 @@ use crate::{
     watch::{ObjectEvent, Tagged, WatchItem, WatchKey, api_resource},
 };
 
+/// Events a subscriber may have unread (and a joining one buffered) before it overflows.
+pub const MAX_PENDING: usize = 16_384;
+
 /// A handle on the shard's hub (cheap to clone), for one engagement of one logical cluster.
 #[derive(Clone)]
 pub struct Hub {
-    commands: mpsc::UnboundedSender<Command>,
+    inbox: Arc<Inbox>,
     shared: watch::Receiver<BTreeSet<GroupResource>>,
     /// Which engagement this handle speaks for: a cluster disengaged and engaged again is a
     /// new one, and the old one's late messages must not count for it.
     engagement: u64,
+    /// Aborts the hub's task when the last handle goes.
+    _task: Arc<AbortOnDrop>,
 }
 
-enum Command {
-    Demand {
-        who: (ClusterName, u64),
-        resource: GroupResource,
-        on: bool,
-    },
-    Withdraw((ClusterName, u64)),
-    Subscribe {
-        cluster: ClusterName,
-        namespace: Option<String>,
-        served: ServedResource,
-        sink: mpsc::UnboundedSender<WatchItem>,
-    },
+/// What controllers tell the hub: state the hub reads when notified, so its size follows
+/// what is demanded, however often demand changes.
+#[derive(Default)]
+struct Inbox {
+    demand: Mutex<Demand>,
+    subscriptions: Mutex<Vec<Subscription>>,
+    changed: Notify,
+}
+
+struct Subscription {
+    cluster: ClusterName,
+    namespace: Option<String>,
+    served: ServedResource,
+    sink: Sink,
+}
+
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The sending side of a subscriber's channel, counting what its controller has not read.
+struct Sink {
+    tx: mpsc::UnboundedSender<WatchItem>,
+    unread: Arc<AtomicUsize>,
+}
+
+impl Sink {
+    fn send(&self, item: WatchItem) {
+        if self.tx.send(item).is_ok() {
+            self.unread.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn unread(&self) -> usize {
+        self.unread.load(Ordering::Relaxed)
+    }
+
+    fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
 }
 
 impl Hub {
     /// Starts the hub of `shard` (one task); types are shared from `threshold` clusters on.
     pub fn start(shard: Shard, wildcard: Client, threshold: usize, metrics: Metrics) -> Self {
-        let (commands, rx) = mpsc::unbounded_channel();
+        let inbox = Arc::new(Inbox::default());
         let (shared_tx, shared_rx) = watch::channel(BTreeSet::new());
-        tokio::spawn(run(shard, wildcard, threshold.max(1), rx, shared_tx, metrics));
+        let task = tokio::spawn(run(
+            shard,
+            wildcard,
+            threshold.max(1),
+            inbox.clone(),
+            shared_tx,
+            metrics,
+        ));
         Self {
-            commands,
+            inbox,
             shared: shared_rx,
             engagement: 0,
+            _task: Arc::new(AbortOnDrop(task.abort_handle())),
         }
     }
 
@@ -100,18 +156,14 @@ impl Hub {
 
     /// `cluster` does (`on`) or no longer does watch `resource` for counts.
     pub fn demand(&self, cluster: &ClusterName, resource: &GroupResource, on: bool) {
-        let _ = self.commands.send(Command::Demand {
-            who: (cluster.clone(), self.engagement),
-            resource: resource.clone(),
-            on,
-        });
+        lock(&self.inbox.demand).set(&(cluster.clone(), self.engagement), resource, on);
+        self.inbox.changed.notify_one();
     }
 
     /// This engagement of `cluster` has ended: all its demand goes.
     pub fn withdraw(&self, cluster: &ClusterName) {
-        let _ = self
-            .commands
-            .send(Command::Withdraw((cluster.clone(), self.engagement)));
+        lock(&self.inbox.demand).withdraw(&(cluster.clone(), self.engagement));
+        self.inbox.changed.notify_one();
     }
 
     /// Whether `resource` is served by a shared watch now.
@@ -132,19 +184,31 @@ impl Hub {
         key: &WatchKey,
         tag: T,
     ) -> (Tagged<T>, AbortHandle) {
-        let (sink, items) = mpsc::unbounded_channel();
-        let _ = self.commands.send(Command::Subscribe {
+        let (tx, items) = mpsc::unbounded_channel();
+        let unread = Arc::new(AtomicUsize::new(0));
+        lock(&self.inbox.subscriptions).push(Subscription {
             cluster: key.cluster.clone(),
             namespace: key.namespace.clone(),
             served: served.clone(),
-            sink,
+            sink: Sink {
+                tx,
+                unread: unread.clone(),
+            },
         });
-        let stream = futures::stream::unfold(items, |mut items| async move {
-            items.recv().await.map(|item| (item, items))
+        self.inbox.changed.notify_one();
+        let stream = futures::stream::unfold((items, unread), |(mut items, unread)| async move {
+            let item = items.recv().await?;
+            unread.fetch_sub(1, Ordering::Relaxed);
+            Some((item, (items, unread)))
         });
         let (stream, abort) = futures::stream::abortable(stream);
         (stream.map(move |item| (tag.clone(), item)).boxed(), abort)
     }
+}
+
+/// A poisoned lock only means a controller panicked mid-update of plain data; use it anyway.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Which resources are shared, from the logical clusters demanding each. Pure.
@@ -198,17 +262,22 @@ enum Phase {
     Joining {
         generation: u64,
         buffer: Vec<(Option<u64>, WatchItem)>,
+        /// Failed lists so far (the next waits longer).
+        failures: u32,
     },
     /// Part of a list of the shared watch in progress.
     Relisting,
     /// Receives shared events as they come.
     Live,
+    /// Fell [`MAX_PENDING`] behind: events are dropped until its controller has caught up,
+    /// then it joins again with a list of its own.
+    Overflowed,
 }
 
 struct Subscriber {
     cluster: ClusterName,
     namespace: Option<String>,
-    sink: mpsc::UnboundedSender<WatchItem>,
+    sink: Sink,
     phase: Phase,
 }
 
@@ -270,7 +339,7 @@ impl State {
         cluster: ClusterName,
         namespace: Option<String>,
         served: &ServedResource,
-        sink: mpsc::UnboundedSender<WatchItem>,
+        sink: Sink,
     ) {
         let key = (served.resource.clone(), served.version.clone());
         if !self.watches.contains_key(&key) {
@@ -297,13 +366,7 @@ impl State {
             // The shared list has not begun: its Init and objects will come.
             Phase::Relisting
         } else {
-            self.generation += 1;
-            let join = self.join(&key, &cluster, namespace.clone(), self.generation, Duration::ZERO);
-            self.joins.push(join);
-            Phase::Joining {
-                generation: self.generation,
-                buffer: Vec::new(),
-            }
+            self.start_join(&key, &cluster, namespace.clone(), 0)
         };
         if let Some(entry) = self.watches.get_mut(&key) {
             entry.subscribers.push(Subscriber {
@@ -312,6 +375,51 @@ impl State {
                 sink,
                 phase,
             });
+        }
+    }
+
+    /// Starts a subscriber's own list (after a backoff for its `failures` so far); returns
+    /// its phase meanwhile.
+    fn start_join(
+        &mut self,
+        key: &SharedKey,
+        cluster: &ClusterName,
+        namespace: Option<String>,
+        failures: u32,
+    ) -> Phase {
+        self.generation += 1;
+        let delay = if failures == 0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs(2)
+                .saturating_mul(1 << (failures - 1).min(16))
+                .min(Duration::from_secs(300))
+        };
+        let join = self.join(key, cluster, namespace, self.generation, delay);
+        self.joins.push(join);
+        Phase::Joining {
+            generation: self.generation,
+            buffer: Vec::new(),
+            failures,
+        }
+    }
+
+    /// Subscribers that overflowed and whose controllers have caught up join again.
+    fn rejoin_caught_up(&mut self) {
+        let mut rejoin = Vec::new();
+        for (key, entry) in &self.watches {
+            for (i, s) in entry.subscribers.iter().enumerate() {
+                if matches!(s.phase, Phase::Overflowed) && s.sink.unread() < MAX_PENDING / 4 {
+                    rejoin.push((key.clone(), i, s.cluster.clone(), s.namespace.clone()));
+                }
+            }
+        }
+        for (key, i, cluster, namespace) in rejoin {
+            let phase = self.start_join(&key, &cluster, namespace, 0);
+            if let Some(s) = self.watches.get_mut(&key).and_then(|e| e.subscribers.get_mut(i)) {
+                info!(cluster = %s.cluster, resource = %key.0.object_count_name(), "a subscriber that fell behind lists again");
+                s.phase = phase;
+            }
         }
     }
 
@@ -378,7 +486,7 @@ impl State {
                 entry.init_seen = true;
                 for s in &mut entry.subscribers {
                     // A joining subscriber's own list is superseded by the relist.
-                    let _ = s.sink.send(WatchItem::Init);
+                    s.sink.send(WatchItem::Init);
                     s.phase = Phase::Relisting;
                 }
             }
@@ -388,14 +496,14 @@ impl State {
                     .iter()
                     .filter(|s| matches!(s.phase, Phase::Relisting) && s.wants(&o))
                 {
-                    let _ = s.sink.send(WatchItem::InitApply(event_of(&o)));
+                    s.sink.send(WatchItem::InitApply(event_of(&o)));
                 }
             }
             Ok(watcher::Event::InitDone) => {
                 entry.listing = false;
                 for s in &mut entry.subscribers {
                     if matches!(s.phase, Phase::Relisting) {
-                        let _ = s.sink.send(WatchItem::InitDone);
+                        s.sink.send(WatchItem::InitDone);
                         s.phase = Phase::Live;
                     }
                 }
@@ -406,7 +514,7 @@ impl State {
                 warn!(resource = %key.0.object_count_name(), %error, "shared wildcard watch failed; retrying");
                 let reason = crate::watch::failure_reason(&error);
                 for s in &entry.subscribers {
-                    let _ = s.sink.send(WatchItem::Failed(reason, error.to_string()));
+                    s.sink.send(WatchItem::Failed(reason, error.to_string()));
                 }
             }
         }
@@ -430,26 +538,36 @@ impl State {
         };
         match listed {
             Ok((at, objects)) => {
-                let _ = s.sink.send(WatchItem::Init);
+                s.sink.send(WatchItem::Init);
                 for object in objects {
-                    let _ = s.sink.send(WatchItem::InitApply(object));
+                    s.sink.send(WatchItem::InitApply(object));
                 }
-                let _ = s.sink.send(WatchItem::InitDone);
+                s.sink.send(WatchItem::InitDone);
                 if let Phase::Joining { buffer, .. } = std::mem::replace(&mut s.phase, Phase::Live) {
                     for (rv, item) in buffer {
                         // Only what the list did not already see.
                         if rv.zip(at).is_none_or(|(rv, at)| rv > at) {
-                            let _ = s.sink.send(item);
+                            s.sink.send(item);
                         }
                     }
                 }
             }
             Err(error) => {
-                // Reported like a failing watch, and retried; the buffer is kept.
-                warn!(cluster = %s.cluster, resource = %key.0.object_count_name(), %error, "listing a cluster's share failed; retrying");
-                let _ = s.sink.send(WatchItem::Failed("join_list", error.to_string()));
+                // Reported like a failing watch, and retried with backoff; the buffer is kept.
+                let failures = match &mut s.phase {
+                    Phase::Joining { failures, .. } => {
+                        *failures += 1;
+                        *failures
+                    }
+                    _ => 1,
+                };
+                warn!(cluster = %s.cluster, resource = %key.0.object_count_name(), %error, failures, "listing a cluster's share failed; retrying");
+                s.sink.send(WatchItem::Failed("join_list", error.to_string()));
                 let (cluster, namespace) = (s.cluster.clone(), s.namespace.clone());
-                let join = self.join(key, &cluster, namespace, generation, Duration::from_secs(2));
+                let delay = Duration::from_secs(2)
+                    .saturating_mul(1 << (failures - 1).min(16))
+                    .min(Duration::from_secs(300));
+                let join = self.join(key, &cluster, namespace, generation, delay);
                 self.joins.push(join);
             }
         }
@@ -475,11 +593,10 @@ async fn run(
     shard: Shard,
     wildcard: Client,
     threshold: usize,
-    mut commands: mpsc::UnboundedReceiver<Command>,
+    inbox: Arc<Inbox>,
     shared_tx: watch::Sender<BTreeSet<GroupResource>>,
     metrics: Metrics,
 ) {
-    let mut demand = Demand::default();
     let mut state = State {
         shard,
         wildcard,
@@ -492,16 +609,14 @@ async fn run(
     let mut tick = tokio::time::interval(Duration::from_secs(5));
     loop {
         tokio::select! {
-            command = commands.recv() => {
-                let Some(command) = command else { break };
-                match command {
-                    Command::Demand { who, resource, on } => demand.set(&who, &resource, on),
-                    Command::Withdraw(who) => demand.withdraw(&who),
-                    Command::Subscribe { cluster, namespace, served, sink } => {
+            () = inbox.changed.notified() => {
+                let subscriptions = std::mem::take(&mut *lock(&inbox.subscriptions));
+                for Subscription { cluster, namespace, served, sink } in subscriptions {
+                    if !sink.is_closed() {
                         state.subscribe(cluster, namespace, &served, sink);
                     }
                 }
-                let now_shared = demand.shared(threshold, &shared_tx.borrow());
+                let now_shared = lock(&inbox.demand).shared(threshold, &shared_tx.borrow());
                 if *shared_tx.borrow() != now_shared {
                     debug!(shared = ?now_shared, "shared types changed");
                     shared_tx.send_replace(now_shared);
@@ -513,6 +628,7 @@ async fn run(
             }
             _ = tick.tick() => {
                 state.prune();
+                state.rejoin_caught_up();
                 state.clients.retain(|c, _| state.watches.values().any(|w| w.subscribers.iter().any(|s| &s.cluster == c)));
                 metrics.kcp_shared_watches(state.watches.len());
             }
@@ -530,14 +646,21 @@ fn route(entry: &mut Shared, object: &PartialObjectMeta<DynamicObject>, delete: 
             WatchItem::Apply(event_of(object))
         };
         match &mut s.phase {
-            Phase::Live => {
-                let _ = s.sink.send(item);
-            }
+            Phase::Live if s.sink.unread() >= MAX_PENDING => overflow(s),
+            Phase::Live => s.sink.send(item),
+            Phase::Joining { buffer, .. } if buffer.len() >= MAX_PENDING => overflow(s),
             Phase::Joining { buffer, .. } => buffer.push((rv, item)),
-            // A relist in progress delivers the object's state itself.
-            Phase::Relisting => {}
+            // A relist in progress delivers the object's state itself; an overflowed
+            // subscriber lists again once caught up.
+            Phase::Relisting | Phase::Overflowed => {}
         }
     }
+}
+
+/// A subscriber fell too far behind: drop its events (and buffer) until it can list again.
+fn overflow(s: &mut Subscriber) {
+    warn!(cluster = %s.cluster, unread = s.sink.unread(), "a shared-watch subscriber fell behind; dropping its events until it lists again");
+    s.phase = Phase::Overflowed;
 }
 
 #[cfg(test)]
@@ -546,6 +669,90 @@ mod tests {
 
     fn c(n: &str, e: u64) -> (ClusterName, u64) {
         (ClusterName::new(n), e)
+    }
+
+    fn object(cluster: &str, name: &str, rv: u64) -> PartialObjectMeta<DynamicObject> {
+        PartialObjectMeta {
+            types: None,
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("team".into()),
+                resource_version: Some(rv.to_string()),
+                annotations: Some([(CLUSTER_ANNOTATION.to_owned(), cluster.to_owned())].into()),
+                ..Default::default()
+            },
+            _phantom: std::marker::PhantomData,
+        }
+    }
+
+    fn shared(subscribers: Vec<Subscriber>) -> Shared {
+        Shared {
+            served: ServedResource {
+                resource: GroupResource::core("configmaps"),
+                version: "v1".into(),
+                kind: "ConfigMap".into(),
+                namespaced: true,
+                verbs: vec![],
+            },
+            abort: AbortHandle::new_pair().0,
+            listing: false,
+            init_seen: true,
+            subscribers,
+        }
+    }
+
+    fn subscriber(cluster: &str, phase: Phase) -> (Subscriber, mpsc::UnboundedReceiver<WatchItem>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let sink = Sink {
+            tx,
+            unread: Arc::new(AtomicUsize::new(0)),
+        };
+        let s = Subscriber {
+            cluster: ClusterName::new(cluster),
+            namespace: None,
+            sink,
+            phase,
+        };
+        (s, rx)
+    }
+
+    #[test]
+    fn a_subscriber_that_falls_behind_overflows_instead_of_growing_without_bound() {
+        let (slow, _rx) = subscriber("a", Phase::Live);
+        let (other, mut other_rx) = subscriber("b", Phase::Live);
+        let joining = Phase::Joining {
+            generation: 1,
+            buffer: Vec::new(),
+            failures: 0,
+        };
+        let (joiner, _rx3) = subscriber("c", joining);
+        let mut entry = shared(vec![slow, other, joiner]);
+        for i in 0..=MAX_PENDING as u64 {
+            route(&mut entry, &object("a", &format!("o{i}"), i), false);
+            route(&mut entry, &object("c", &format!("o{i}"), i), false);
+        }
+        route(&mut entry, &object("b", "x", 1), false);
+        assert!(matches!(entry.subscribers[0].phase, Phase::Overflowed));
+        assert_eq!(
+            entry.subscribers[0].sink.unread(),
+            MAX_PENDING,
+            "no more than the bound queued"
+        );
+        assert!(
+            matches!(entry.subscribers[2].phase, Phase::Overflowed),
+            "a join buffer is bounded too"
+        );
+        assert!(
+            matches!(entry.subscribers[1].phase, Phase::Live),
+            "others are unaffected"
+        );
+        assert!(matches!(other_rx.try_recv(), Ok(WatchItem::Apply(_))));
+        route(&mut entry, &object("a", "late", 1), false);
+        assert_eq!(
+            entry.subscribers[0].sink.unread(),
+            MAX_PENDING,
+            "dropped while overflowed"
+        );
     }
 
     #[test]

@@ -19,9 +19,10 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     future::Future,
+    time::{Duration, Instant},
 };
 
-use futures::StreamExt as _;
+use futures::{FutureExt as _, StreamExt as _};
 use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::{
     Api, Client, ResourceExt as _,
@@ -354,10 +355,61 @@ struct Engaged {
     handle: SnapshotHandle,
 }
 
+/// When a logical cluster whose controller failed may be engaged again. Pure: the caller
+/// passes the time.
+///
+/// The first restart waits 1 s, each further one twice as long, up to 5 minutes; a controller
+/// that had run for 5 minutes before failing starts the count again, and a cluster no longer
+/// wanted is forgotten.
+#[derive(Debug, Default)]
+pub struct Restarts {
+    /// Per cluster: consecutive failures and the earliest next engagement.
+    waiting: BTreeMap<ClusterName, (u32, Instant)>,
+}
+
+impl Restarts {
+    const FIRST: Duration = Duration::from_secs(1);
+    const MAX: Duration = Duration::from_secs(300);
+
+    /// `cluster`'s controller failed at `now` after running for `ran`; returns the wait.
+    pub fn failed(&mut self, cluster: &ClusterName, ran: Duration, now: Instant) -> Duration {
+        let failures = match self.waiting.get(cluster) {
+            Some((n, _)) if ran < Self::MAX => n.saturating_add(1),
+            _ => 1,
+        };
+        let wait = Self::FIRST
+            .saturating_mul(1 << (failures - 1).min(16))
+            .min(Self::MAX);
+        self.waiting.insert(cluster.clone(), (failures, now + wait));
+        wait
+    }
+
+    /// Whether `cluster` may be engaged at `now`.
+    pub fn allowed(&self, cluster: &ClusterName, now: Instant) -> bool {
+        self.waiting.get(cluster).is_none_or(|(_, at)| *at <= now)
+    }
+
+    /// Forgets clusters not in `wanted` (their count starts again if they come back).
+    pub fn retain(&mut self, wanted: &BTreeSet<ClusterName>) {
+        self.waiting.retain(|c, _| wanted.contains(c));
+    }
+
+    /// The earliest time a waiting cluster may be engaged, for the loop's timer.
+    pub fn next_due(&self, now: Instant) -> Option<Instant> {
+        self.waiting
+            .values()
+            .map(|(_, at)| *at)
+            .filter(|at| *at > now)
+            .min()
+    }
+}
+
 /// Serves the shard until `shutdown` completes: engages a [`Controller`] for each logical
 /// cluster with a ResourceQuota, disengages it when the last quota or the cluster goes, and
 /// publishes the running controllers' snapshot handles to `controllers`. The controllers run in
-/// a `JoinSet`: dropping this future (a lost Lease) aborts them all.
+/// a `JoinSet` (each its own task, nothing spawned beside it): dropping this future (a lost
+/// Lease) aborts them all, and the hub's task with the last handle on it. A controller that
+/// fails is engaged again after a backoff ([`Restarts`]).
 pub async fn run(
     shard: &Shard,
     base: &controller::Config,
@@ -387,7 +439,8 @@ pub async fn run(
     let mut next_id = 0_u64;
     // Each task returns its cluster and engagement, however the controller ended (a panic
     // included: the task's wrapper reports it).
-    let mut tasks: JoinSet<(ClusterName, u64, Result<(), String>)> = JoinSet::new();
+    let mut tasks: JoinSet<(ClusterName, u64, Duration, Result<(), String>)> = JoinSet::new();
+    let mut restarts = Restarts::default();
     let mut shutdown = std::pin::pin!(shutdown);
     info!(shard = %shard.config.cluster_url, "serving the kcp shard's logical clusters");
     loop {
@@ -401,8 +454,9 @@ pub async fn run(
                 Ok(event) => membership.on_cluster(event),
                 Err(error) => warn!(%error, "wildcard LogicalCluster watch failed; retrying"),
             },
+            () = sleep_until_due(restarts.next_due(Instant::now())) => {}
             Some(ended) = tasks.join_next(), if !tasks.is_empty() => {
-                let Ok((cluster, id, result)) = ended else { continue };
+                let Ok((cluster, id, ran, result)) = ended else { continue };
                 // That engagement can send nothing more: its demand goes now (not at stop,
                 // when it might still be sending).
                 if let Some(hub) = &hub {
@@ -410,7 +464,8 @@ pub async fn run(
                 }
                 // A controller that stopped on its own (not disengaged): engage it again.
                 if engaged.get(&cluster).is_some_and(|e| e.id == id) {
-                    warn!(%cluster, ?result, "a logical cluster's controller stopped; restarting it");
+                    let wait = restarts.failed(&cluster, ran, Instant::now());
+                    warn!(%cluster, ?result, ?wait, "a logical cluster's controller stopped; restarting it after a backoff");
                     engaged.remove(&cluster);
                     controllers.send_replace(engaged.values().map(|e| e.handle.clone()).collect());
                 }
@@ -420,6 +475,7 @@ pub async fn run(
             continue;
         }
         let desired = membership.desired();
+        restarts.retain(&desired);
         let mut changed = false;
         for cluster in engaged
             .keys()
@@ -433,7 +489,11 @@ pub async fn run(
                 changed = true;
             }
         }
-        let new: Vec<ClusterName> = desired.into_iter().filter(|c| !engaged.contains_key(c)).collect();
+        let now = Instant::now();
+        let new: Vec<ClusterName> = desired
+            .into_iter()
+            .filter(|c| !engaged.contains_key(c) && restarts.allowed(c, now))
+            .collect();
         for cluster in new {
             let client = match shard.cluster(&cluster) {
                 Ok(client) => client,
@@ -445,9 +505,11 @@ pub async fn run(
             info!(%cluster, workspace = membership.path(&cluster), quotas = membership.quotas_in(&cluster), "ResourceQuota found: engaging the logical cluster");
             next_id += 1;
             let id = next_id;
+            let path = membership.path(&cluster);
             let config = controller::Config {
                 cluster: cluster.clone(),
                 kcp: true,
+                workspace: (!path.is_empty()).then(|| path.to_owned()),
                 ..base.clone()
             };
             let (controller, handle) = Controller::new(client, config, metrics.clone());
@@ -458,23 +520,21 @@ pub async fn run(
             let (stop, stopped) = oneshot::channel::<()>();
             let name = cluster.clone();
             let span = info_span!("cluster", cluster = %cluster, workspace = membership.path(&cluster));
-            let run = tokio::spawn(
+            tasks.spawn(
                 async move {
-                    controller
-                        .run(async {
-                            let _ = stopped.await;
-                        })
-                        .await
+                    let started = Instant::now();
+                    let run = controller.run(async {
+                        let _ = stopped.await;
+                    });
+                    // A panic ends this engagement only; the loop engages the cluster again.
+                    let result = match std::panic::AssertUnwindSafe(run).catch_unwind().await {
+                        Ok(result) => result.map_err(|e| e.to_string()),
+                        Err(_) => Err("the controller panicked".to_owned()),
+                    };
+                    (name, id, started.elapsed(), result)
                 }
                 .instrument(span),
             );
-            tasks.spawn(async move {
-                let result = match run.await {
-                    Ok(result) => result.map_err(|e| e.to_string()),
-                    Err(error) => Err(format!("the controller task failed: {error}")),
-                };
-                (name, id, result)
-            });
             engaged.insert(cluster, Engaged { id, stop, handle });
             changed = true;
         }
@@ -491,12 +551,45 @@ pub async fn run(
     Ok(())
 }
 
+/// Sleeps until `due`, or for ever if nothing is due.
+async fn sleep_until_due(due: Option<Instant>) {
+    match due {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn c(name: &str) -> ClusterName {
         ClusterName::new(name)
+    }
+
+    #[test]
+    fn a_failing_controller_is_engaged_again_after_a_growing_capped_backoff() {
+        let mut r = Restarts::default();
+        let t0 = Instant::now();
+        let short = Duration::from_secs(1);
+        assert!(r.allowed(&c("a"), t0));
+        let waits: Vec<Duration> = (0..12).map(|_| r.failed(&c("a"), short, t0)).collect();
+        assert_eq!(waits[..4], [1, 2, 4, 8].map(Duration::from_secs));
+        assert_eq!(waits[11], Duration::from_secs(300), "capped at 5 minutes");
+        assert!(!r.allowed(&c("a"), t0 + Duration::from_secs(299)));
+        assert!(r.allowed(&c("a"), t0 + Duration::from_secs(300)));
+        assert!(r.allowed(&c("b"), t0), "other clusters are not held back");
+        assert_eq!(r.next_due(t0), Some(t0 + Duration::from_secs(300)));
+        assert_eq!(
+            r.failed(&c("a"), Duration::from_secs(600), t0),
+            Duration::from_secs(1),
+            "after a long run the count starts again"
+        );
+        r.retain(&BTreeSet::new());
+        assert!(
+            r.allowed(&c("a"), t0) && r.next_due(t0).is_none(),
+            "forgotten when not wanted"
+        );
     }
 
     #[test]
