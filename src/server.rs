@@ -1,6 +1,8 @@
 //! The admin HTTP server: `/metrics`, `/healthz`, `/readyz` on `--metrics-addr`.
 //!
-//! One accept task plus one task per open connection (axum on hyper, HTTP/1.1 only). With
+//! One accept task plus one task per open connection (axum on hyper, HTTP/1.1 only), at most
+//! [`MAX_CONNECTIONS`] open at once, each closed when it sends no request headers for 10 s; a
+//! scrape asks every controller for its state at once, each bounded by [`SNAPSHOT_TIMEOUT`]. With
 //! `--metrics-auth delegated`, `/metrics` asks for a bearer token checked by TokenReview and
 //! SubjectAccessReview, and the server speaks TLS (given files, or a self-signed certificate);
 //! `/healthz` and `/readyz` stay open for kubelet probes, as KCM's always-allowed paths.
@@ -141,13 +143,28 @@ impl Admin {
     }
 }
 
-/// Every controller's snapshot; `None` if one has stopped (with `skip_stopped`, those are left
-/// out instead: the others' gauges still update).
+/// Open admin connections, at most (a scraper, probes and a few humans need far fewer).
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// How long a scrape or probe waits for one controller's state (a controller busy that long
+/// counts as not answering).
+pub const SNAPSHOT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Every controller's snapshot, asked for all at once; `None` if one has stopped or does not
+/// answer in time (with `skip_stopped`, those are left out instead: the others' gauges still
+/// update).
 async fn snapshots(admin: &Admin, skip_stopped: bool) -> Option<Vec<Snapshot>> {
     let handles = admin.controllers.borrow().clone();
-    let mut all = Vec::with_capacity(handles.len());
-    for handle in handles {
-        match handle.get().await {
+    let answers = futures::future::join_all(handles.iter().map(|handle| async move {
+        tokio::time::timeout(SNAPSHOT_TIMEOUT, handle.get())
+            .await
+            .ok()
+            .flatten()
+    }))
+    .await;
+    let mut all = Vec::with_capacity(answers.len());
+    for answer in answers {
+        match answer {
             Some(snapshot) => all.push(snapshot),
             None if skip_stopped => {}
             None => return None,
@@ -246,12 +263,15 @@ pub async fn serve(
         let scheme = if tls.is_some() { "https" } else { "http" };
         tracing::info!(%addr, scheme, "serving /metrics, /healthz, /readyz");
     }
-    let Some(tls) = tls else {
-        return axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
-    };
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
+        // A free slot first: beyond MAX_CONNECTIONS, new connections wait in the backlog.
+        let slot = tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
+        };
         let accepted = tokio::select! {
             () = &mut shutdown => return Ok(()),
             accepted = listener.accept() => accepted,
@@ -262,19 +282,35 @@ pub async fn serve(
             continue;
         };
         let (acceptor, app) = (acceptor.clone(), app.clone());
-        // One task per connection, as axum::serve does; a handshake gets 10 s.
         tokio::spawn(async move {
-            let Ok(Ok(stream)) =
-                tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(tcp)).await
-            else {
-                return;
-            };
-            let service = hyper_util::service::TowerToHyperService::new(app);
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                .await;
+            let _slot = slot;
+            match acceptor {
+                None => serve_connection(tcp, app).await,
+                // A handshake gets 10 s.
+                Some(acceptor) => {
+                    let handshake =
+                        tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(tcp));
+                    if let Ok(Ok(stream)) = handshake.await {
+                        serve_connection(stream, app).await;
+                    }
+                }
+            }
         });
     }
+}
+
+/// HTTP/1.1 on one connection; it is closed when it sends no request headers for 10 s (an
+/// idle keep-alive connection, or a client that never finishes its headers).
+async fn serve_connection<S>(stream: S, app: Router)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper_util::service::TowerToHyperService::new(app);
+    let _ = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(std::time::Duration::from_secs(10))
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+        .await;
 }
 
 /// The TLS configuration of the admin server: the given PEM files, or a self-signed
@@ -308,4 +344,60 @@ pub fn tls_config(
             .with_single_cert(certs, key)
             .context("the metrics TLS certificate and key do not match")?;
     Ok(Arc::new(config))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    use super::*;
+
+    async fn healthz(addr: std::net::SocketAddr) -> std::io::Result<String> {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await?;
+        Ok(answer)
+    }
+
+    /// Idle connections cannot starve the admin port for long: at most MAX_CONNECTIONS are
+    /// served at once, and one that sends no request headers is closed after 10 s.
+    #[tokio::test]
+    async fn connections_are_capped_and_idle_ones_closed() {
+        let (_tx, controllers) = watch::channel(Vec::new());
+        let (_ready_tx, ready) = watch::channel(true);
+        let admin = Admin::new(Metrics::new(), controllers, ready);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, admin, None, std::future::pending()));
+        assert!(healthz(addr).await.unwrap().ends_with("ok\n"));
+        let mut idle = Vec::new();
+        for _ in 0..MAX_CONNECTIONS {
+            idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let waiting = tokio::spawn(healthz(addr));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(
+            !waiting.is_finished(),
+            "no slot while {MAX_CONNECTIONS} connections are open"
+        );
+        let answer = tokio::time::timeout(Duration::from_secs(20), waiting)
+            .await
+            .expect("idle connections closed after 10 s free the slots")
+            .unwrap()
+            .unwrap();
+        assert!(answer.ends_with("ok\n"), "{answer}");
+        for mut stream in idle {
+            let mut buf = [0_u8; 1];
+            assert!(
+                matches!(stream.read(&mut buf).await, Ok(0) | Err(_)),
+                "closed by the server"
+            );
+        }
+    }
 }

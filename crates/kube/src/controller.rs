@@ -119,6 +119,9 @@ impl Default for Config {
     }
 }
 
+/// Namespace fills (lists of one namespace joining a cluster-wide watch) running at once.
+const MAX_FILLS: usize = 8;
+
 /// An Event's note, at most (events.k8s.io/v1 allows 1024 bytes).
 const MAX_NOTE_BYTES: usize = 1000;
 
@@ -296,8 +299,11 @@ pub struct Controller {
     stats: Snapshot,
     metrics: Metrics,
     recorder: Recorder,
-    /// Lists filling namespaces that joined a cluster-wide watch (polled by the loop).
+    /// Lists filling namespaces that joined a cluster-wide watch (polled by the loop; at most
+    /// [`MAX_FILLS`] at once).
     fills: FuturesUnordered<BoxFuture<'static, FillResult>>,
+    /// Fills waiting for a free slot (one entry per demanded watch and namespace at most).
+    fill_queue: std::collections::VecDeque<(WatchKey, Arc<str>)>,
     /// Events being published (polled by the loop; at most [`MAX_PENDING_EVENTS`]).
     events: FuturesUnordered<BoxFuture<'static, ()>>,
     requests: mpsc::Receiver<oneshot::Sender<Snapshot>>,
@@ -328,6 +334,7 @@ impl Controller {
         let controller = Self {
             recorder,
             fills: FuturesUnordered::new(),
+            fill_queue: std::collections::VecDeque::new(),
             events: FuturesUnordered::new(),
             client,
             options,
@@ -378,7 +385,7 @@ impl Controller {
         )
         .default_backoff()
         .boxed();
-        let mut api_changes = api_change_stream(&self.client, self.config.kcp);
+        let mut api_changes = api_change_stream(&self.client, self.config.kcp, &self.metrics);
         let mut quota_relist: Option<Vec<ResourceQuota>> = None;
         let mut discovery = Some(discover_owned(self.client.clone()));
         let mut next_discovery = tokio::time::Instant::now() + self.config.discovery_poll;
@@ -438,6 +445,10 @@ impl Controller {
                 Some(()) = self.events.next(), if !self.events.is_empty() => {}
                 Some((key, namespace, listed)) = self.fills.next(), if !self.fills.is_empty() => {
                     self.on_fill(&key, &namespace, listed);
+                    while self.fills.len() < MAX_FILLS {
+                        let Some((key, namespace)) = self.fill_queue.pop_front() else { break };
+                        self.start_fill(key, namespace);
+                    }
                 }
                 Some(reply) = self.requests.recv() => {
                     let _ = reply.send(self.snapshot());
@@ -765,6 +776,14 @@ impl Controller {
     }
 
     fn start_fill(&mut self, key: WatchKey, namespace: Arc<str>) {
+        if self.fills.len() >= MAX_FILLS {
+            // A burst of namespaces joining (a new quota in each of 1,000) lists a few at a
+            // time; a queued fill no longer demanded when its turn comes is dropped on arrival.
+            if !self.fill_queue.iter().any(|(k, n)| k == &key && n == &namespace) {
+                self.fill_queue.push_back((key, namespace));
+            }
+            return;
+        }
         let Some(served) = self.engine.resolver.get(&key.cluster, &key.resource).cloned() else {
             return;
         };
@@ -1455,19 +1474,34 @@ fn discover_owned(client: Client) -> BoxFuture<'static, Result<Discovered, kube:
 /// only the fact of a change matters, discovery reads the rest).
 /// Fires when the set of served types may have changed: CRDs and APIServices on Kubernetes;
 /// CRDs and APIBindings in a kcp logical cluster.
-fn api_change_stream(client: &Client, kcp: bool) -> BoxStream<'static, ()> {
-    #[allow(clippy::needless_pass_by_value)] // filter_map hands each item over by value
-    fn changed<K>(event: Result<watcher::Event<K>, watcher::Error>) -> futures::future::Ready<Option<()>> {
-        let changed = matches!(
-            event,
-            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)
-        );
-        futures::future::ready(changed.then_some(()))
+fn api_change_stream(client: &Client, kcp: bool, metrics: &Metrics) -> BoxStream<'static, ()> {
+    /// Passes on changes; a failure is a log line and `lazyquota_watch_errors_total` (the
+    /// watcher retries with backoff; discovery keeps its last answer meanwhile).
+    fn changed<K>(
+        resource: &'static str,
+        metrics: Metrics,
+    ) -> impl FnMut(Result<watcher::Event<K>, watcher::Error>) -> futures::future::Ready<Option<()>> {
+        move |event| {
+            let changed = match event {
+                Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => true,
+                Ok(_) => false,
+                Err(error) => {
+                    let reason = crate::watch::failure_reason(&error);
+                    warn!(resource, reason, %error, "watch of API changes failed; retrying (discovery keeps its last answer)");
+                    metrics.watch_error(resource, reason);
+                    false
+                }
+            };
+            futures::future::ready(changed.then_some(()))
+        }
     }
     let crds: Api<PartialObjectMeta<CustomResourceDefinition>> = Api::all(client.clone());
     let crd_changes = watcher(crds, watcher::Config::default())
         .default_backoff()
-        .filter_map(changed);
+        .filter_map(changed(
+            "customresourcedefinitions.apiextensions.k8s.io",
+            metrics.clone(),
+        ));
     if kcp {
         let bindings = kube::api::ApiResource {
             group: "apis.kcp.io".into(),
@@ -1482,7 +1516,7 @@ fn api_change_stream(client: &Client, kcp: bool) -> BoxStream<'static, ()> {
             crd_changes,
             watcher(bindings, watcher::Config::default())
                 .default_backoff()
-                .filter_map(changed),
+                .filter_map(changed("apibindings.apis.kcp.io", metrics.clone())),
         )
         .boxed();
     }
@@ -1491,7 +1525,7 @@ fn api_change_stream(client: &Client, kcp: bool) -> BoxStream<'static, ()> {
         crd_changes,
         watcher(services, watcher::Config::default())
             .default_backoff()
-            .filter_map(changed),
+            .filter_map(changed("apiservices.apiregistration.k8s.io", metrics.clone())),
     )
     .boxed()
 }
