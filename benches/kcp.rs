@@ -36,6 +36,10 @@
     clippy::cast_sign_loss
 )]
 
+// Only `commit` is used here; the control-plane helpers serve the other benchmarks.
+#[allow(dead_code)]
+mod common;
+
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
     fmt::Write as _,
@@ -1312,27 +1316,6 @@ fn machine_facts() -> Vec<(String, String)> {
     ]
 }
 
-fn git(args: &[&str]) -> String {
-    Command::new("git")
-        .args(args)
-        .current_dir(repo())
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim_end().to_owned())
-        .unwrap_or_default()
-}
-
-/// `abc1234`, or `abc1234-dirty (paths)` when tracked files differ from it.
-fn commit() -> String {
-    let head = git(&["rev-parse", "--short", "HEAD"]);
-    let dirty = git(&["status", "--porcelain", "--untracked-files=no"]);
-    if dirty.is_empty() {
-        head
-    } else {
-        let paths: Vec<&str> = dirty.lines().map(|l| l.get(3..).unwrap_or(l)).collect();
-        format!("{head}-dirty (modified: {})", paths.join(", "))
-    }
-}
-
 fn percentile(samples: &[Duration], p: f64) -> Option<Duration> {
     if samples.is_empty() {
         return None;
@@ -1382,7 +1365,7 @@ fn write_results(args: &Args, plan: &Plan, r: &Results, started: Instant) {
          (`tests/control-plane/kcp`, embedded etcd, loopback); lazyquota: the bench profile's build \
          of the working tree (`CARGO_BIN_EXE_lazyquota`, copied at the start; HTTP/1.1, defaults).\n",
         cmd.join(" "),
-        commit(),
+        common::commit(),
         started.elapsed().as_secs_f64() / 60.0,
         r.kcp_version
     );

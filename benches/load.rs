@@ -148,14 +148,16 @@ async fn run(args: &Args, state: &Path) -> String {
     let mut report = String::from("# Load and soak\n\n");
     let _ = writeln!(
         report,
-        "`cargo bench --bench load -- --quotas {} --namespaces {} --objects {} --delete-rate {} --delete-seconds {} --soak {} --soak-rate {}` on the test control plane (kube-apiserver v1.36.3 and etcd on loopback), lazyquota release build, 2 cores.\n",
+        "`cargo bench --bench load -- --quotas {} --namespaces {} --objects {} --delete-rate {} --delete-seconds {} --soak {} --soak-rate {}` on the test control plane (kube-apiserver v1.36.3 and etcd on loopback), lazyquota release build, {} cores, commit `{}`.\n",
         args.quotas,
         args.namespaces,
         args.objects,
         args.delete_rate,
         args.delete_seconds,
         args.soak_seconds,
-        args.soak_rate
+        args.soak_rate,
+        std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
+        common::commit(),
     );
 
     // ---- namespaces and objects -------------------------------------------------------------

@@ -48,7 +48,9 @@ phase "helm lint/template" bash tests/helm/check.sh
 phase "clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 phase "cargo-deny" bash scripts/deny.sh
 phase "build tests" cargo test --workspace --locked --no-run
-phase "tests" cargo test --workspace --locked
+mkdir -p .lazyquota
+phase "tests" bash -c 'set -o pipefail; cargo test --workspace --locked 2>&1 | tee .lazyquota/test.log'
+phase "reliability report up to date" bash scripts/reliability.sh --check .lazyquota/test.log
 # Bounded versions of the benchmarks (the full ones are documented in README.md): they must
 # run, their figures are not asserted.
 phase "bench: heap (bounded)" env LAZYQUOTA_BENCH_OBJECTS=10000 cargo bench --locked -p lazyquota-index --bench heap

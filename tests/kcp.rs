@@ -616,7 +616,10 @@ async fn counts_stay_exact_through_watch_cuts_and_paginated_lists() {
     // Cuts go on a little after the churn, as with an idle watch.
     tokio::time::sleep(Duration::from_secs(4)).await;
     proxy.set_cutting(false);
-    assert!(proxy.cuts() > 3, "the proxy cut connections ({})", proxy.cuts());
+    // Over HTTP/2 everything shares one connection, re-made only when a request needs it after
+    // the watches' backoff: on a loaded machine only a few connections live long enough to be
+    // cut. Two cuts prove a cut while watches were open and one of the reconnection.
+    assert!(proxy.cuts() >= 2, "the proxy cut connections ({})", proxy.cuts());
     // a: 621 − 40 configmaps; widgets 4 + 5 (i = 0, 8, 16, 24, 32); b: 2 + 5 − 1. The watches
     // retry with kube's backoff (up to 30 s between attempts after a run of failures), so the
     // wait is longer than a relist takes.

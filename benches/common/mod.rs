@@ -40,3 +40,24 @@ pub fn stop_control_plane(state: &Path) {
         .arg(state)
         .status();
 }
+
+/// The commit the benchmark ran on: `abc1234`, or `abc1234-dirty (modified: paths)` when
+/// tracked files differ from it (result files name it).
+pub fn commit() -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim_end().to_owned())
+            .unwrap_or_default()
+    };
+    let head = git(&["rev-parse", "--short", "HEAD"]);
+    let dirty = git(&["status", "--porcelain", "--untracked-files=no"]);
+    if dirty.is_empty() {
+        head
+    } else {
+        let paths: Vec<&str> = dirty.lines().map(|l| l.get(3..).unwrap_or(l)).collect();
+        format!("{head}-dirty (modified: {})", paths.join(", "))
+    }
+}
