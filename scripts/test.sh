@@ -57,3 +57,6 @@ phase "bench: heap (bounded)" env LAZYQUOTA_BENCH_OBJECTS=10000 cargo bench --lo
 phase "bench: scale (bounded)" cargo bench --locked --bench scale -- --quick
 phase "bench: load and soak (bounded)" cargo bench --locked --bench load -- --quick
 phase "bench: kcp seed scenario (bounded)" cargo bench --locked --bench kcp -- --quick
+# deploy/Dockerfile's build stage without an image engine: exactly the files it copies, the
+# same cargo build (after the benches, whose release dependencies it reuses).
+phase "image build stage" bash deploy/build-stage.sh

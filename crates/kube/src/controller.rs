@@ -948,6 +948,13 @@ impl Controller {
         };
         let kind = store_kind(&key.resource, key.need);
         running.events.inc();
+        if matches!(item, WatchItem::Apply(_) | WatchItem::Delete(_)) && running.failure.is_some() {
+            // The watch resumed where it broke off (no relist): an event proves it.
+            self.recovered(&key);
+        }
+        let Some(running) = self.watches.get(&key) else {
+            return;
+        };
         match item {
             WatchItem::Init => {
                 self.metrics.relist(&key.resource_label());
@@ -980,10 +987,8 @@ impl Controller {
                 let first = !running.synced;
                 running.synced = true;
                 running.relisting = false;
-                if running.failure.take().is_some() {
-                    info!(watch = %key, "watch recovered");
-                    let note = format!("{} is watched again; its keys are current", key.resource_label());
-                    self.emit_for_resource(&key, EventType::Normal, "ResourceAvailable", &note);
+                if running.failure.is_some() {
+                    self.recovered(&key);
                 } else if first {
                     info!(watch = %key, "watch synced");
                 }
@@ -1105,6 +1110,16 @@ impl Controller {
                         .is_some_and(|e| running.namespaces.contains(e.demand_namespace()))
             })
             .collect()
+    }
+
+    /// A failing watch delivers again: clear its failure, say so in the log and on its quotas.
+    fn recovered(&mut self, key: &WatchKey) {
+        if let Some(running) = self.watches.get_mut(key) {
+            running.failure = None;
+        }
+        info!(watch = %key, "watch recovered");
+        let note = format!("{} is watched again; its keys are current", key.resource_label());
+        self.emit_for_resource(key, EventType::Normal, "ResourceAvailable", &note);
     }
 
     /// Records an Event on every quota whose keys are computed from the watch's resource in

@@ -29,6 +29,7 @@ use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 use tower::{BoxError, Layer, Service};
+use tracing::debug;
 
 /// How long requests and watches may take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,13 +105,19 @@ where
             request: limit,
             watch_idle,
         } = self.deadlines;
+        // Debug level: every request's path and how long its headers took (no credentials
+        // are in a URI).
+        let (method, path) = (request.method().clone(), request.uri().path_and_query().cloned());
         let response = self.inner.call(request);
         Box::pin(async move {
-            let deadline = Instant::now() + limit;
-            let response = tokio::time::timeout_at(deadline, response)
-                .await
-                .map_err(|_| Elapsed("no response from the apiserver within the request deadline"))?
-                .map_err(Into::into)?;
+            let started = Instant::now();
+            let deadline = started + limit;
+            let Ok(response) = tokio::time::timeout_at(deadline, response).await else {
+                debug!(%method, ?path, "no response headers within the request deadline");
+                return Err(Elapsed("no response from the apiserver within the request deadline").into());
+            };
+            let response = response.map_err(Into::into)?;
+            debug!(%method, ?path, status = %response.status(), elapsed = ?started.elapsed(), watch, "response headers");
             Ok(response.map(|body| {
                 let (limit, idle) = if watch {
                     (Instant::now() + watch_idle, Some(watch_idle))
