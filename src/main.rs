@@ -644,10 +644,10 @@ async fn usage(args: UsageArgs) -> anyhow::Result<()> {
                 key.hard.clone(),
                 key.computed.clone().unwrap_or_else(|| "-".into()),
                 key.stored.clone().unwrap_or_else(|| "-".into()),
-                if key.differs {
-                    "differs".into()
-                } else {
-                    String::new()
+                match (&key.unknown, key.differs) {
+                    (Some(why), _) => format!("unknown ({why})"),
+                    (None, true) => "differs".into(),
+                    (None, false) => String::new(),
                 },
             ];
             if workspaces {

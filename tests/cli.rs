@@ -91,6 +91,16 @@ async fn usage_and_explain_report_a_quota_from_direct_lists() {
         serde_json::Value::Null,
         "not served"
     );
+    // A type not served is unknown (an evaluator would claim it once served); a key no
+    // evaluator claims is computed by nobody, KCM included.
+    let pending = key("count/nothings.example.io");
+    assert!(
+        pending["unknown"].is_string(),
+        "a pending type is reported unknown, with why"
+    );
+    assert_eq!(pending["differs"], false, "unknown is not a disagreement");
+    assert!(key("limits.example.com/gpu").get("unknown").is_none());
+    assert!(key("count/configmaps").get("unknown").is_none());
 
     let out = lazyquota(&["explain", "--kubeconfig", &kubeconfig, "-o", "json"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

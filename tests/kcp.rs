@@ -579,7 +579,7 @@ async fn counts_stay_exact_through_watch_cuts_and_paginated_lists() {
     let process = Lazyquota::start_logging(
         &kubeconfig,
         &["--kcp-shard-url", &url, "--transport", &transport],
-        "info,lazyquota_kube=debug",
+        &std::env::var("LAZYQUOTA_TEST_LOG").unwrap_or_else(|_| "info,lazyquota_kube=debug".into()),
     );
 
     let key = fixture.ty.count_key();

@@ -10,7 +10,7 @@
 //! their projections in a store each. Which store a partition lives in follows the need of
 //! the watch that fills it ([`store_kind`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::{api::core::v1::ResourceQuota, apimachinery::pkg::api::resource::Quantity as K8sQuantity};
 use lazyquota_quota::{
@@ -549,6 +549,26 @@ impl Engine {
             .filter(|(_, r)| r.is_none())
             .map(|(e, _)| e.group_resource())
             .collect::<Vec<_>>();
+        let claimed: BTreeSet<&str> = plan
+            .per_evaluator
+            .iter()
+            .flat_map(|(_, keys)| keys.iter().map(String::as_str))
+            .collect();
+        let uncomputed = plan
+            .per_evaluator
+            .iter()
+            .zip(&results)
+            .filter(|(_, (_, r))| r.is_none())
+            .flat_map(|((_, keys), _)| keys.iter().cloned())
+            // `count/<resource>` of a type not served (yet): no evaluator exists to claim it,
+            // but one would as soon as discovery finds the type.
+            .chain(
+                hard_keys
+                    .iter()
+                    .filter(|k| k.starts_with("count/") && !claimed.contains(*k))
+                    .map(|k| (*k).to_owned()),
+            )
+            .collect();
         let used = plan.merge(&results);
         let decision = assemble_status(
             state.spec_hard.as_ref(),
@@ -560,6 +580,7 @@ impl Engine {
             decision,
             unsynced,
             scope_errors,
+            uncomputed,
         })
     }
 
@@ -626,6 +647,11 @@ pub struct Computed {
     pub unsynced: Vec<GroupResource>,
     /// Scope-matching errors (upstream returns the partial sum; so does lazyquota).
     pub scope_errors: Vec<String>,
+    /// Keys an evaluator claims (KCM would compute them) that were not computed this time —
+    /// their evaluator's resource is not synced or not served, or the evaluator is not
+    /// implemented: they keep their previous value, which is therefore not lazyquota's own.
+    /// Keys no evaluator claims are not here: nobody computes them, upstream included.
+    pub uncomputed: Vec<String>,
 }
 
 fn synced_len<P: HeapSize>(store: &UsageStore<P>, p: &PartitionKey) -> Option<usize> {
@@ -727,12 +753,17 @@ mod tests {
                 ("configmaps", "10"),
                 ("secrets", "10"),
                 ("limits.example.com/gpu", "1"),
+                ("count/widgets.example.io", "1"),
             ],
             Some(&[("secrets", "7")]),
         );
         let update = engine.apply_quota(key.clone(), &q);
         assert!(update.recompute);
-        assert_eq!(update.changes.len(), 2, "configmaps and secrets demanded");
+        assert_eq!(
+            update.changes.len(),
+            3,
+            "configmaps, secrets and widgets demanded"
+        );
         let cm = PartitionKey {
             cluster: cluster.clone(),
             resource: GroupResource::core("configmaps"),
@@ -762,6 +793,12 @@ mod tests {
             "unmatched keys stay absent"
         );
         assert_eq!(computed.unsynced, vec![GroupResource::core("secrets")]);
+        assert_eq!(
+            computed.uncomputed,
+            vec!["secrets".to_owned(), "count/widgets.example.io".to_owned()],
+            "a key of an unsynced evaluator and the count of a type not served are not \
+             lazyquota's own values; a key no evaluator claims is nobody's"
+        );
         assert!(computed.decision.dirty);
 
         assert_eq!(

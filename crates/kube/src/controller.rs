@@ -1227,7 +1227,7 @@ impl Controller {
         self.report_withheld(&key, &decision.withheld);
         if self.config.shadow || !decision.dirty {
             let result = if self.config.shadow {
-                self.report_shadow(&key, &decision)
+                self.report_shadow(&key, &decision, &computed.uncomputed)
             } else {
                 "unchanged"
             };
@@ -1300,7 +1300,12 @@ impl Controller {
     /// Compares our `used` with the stored one, key by key over both; returns the sync
     /// result. A key lazyquota did not compute (not synced, not served, forbidden, withheld)
     /// is **unknown**, never "agree": the stored value proves nothing about lazyquota.
-    fn report_shadow(&mut self, key: &QuotaKey, decision: &StatusDecision) -> &'static str {
+    fn report_shadow(
+        &mut self,
+        key: &QuotaKey,
+        decision: &StatusDecision,
+        uncomputed: &[String],
+    ) -> &'static str {
         let stored = self
             .engine
             .index
@@ -1309,7 +1314,7 @@ impl Controller {
             .unwrap_or_default();
         let quota = key.to_string();
         self.stats.disagreements.retain(|(q, _), _| q != &quota);
-        let unknown: BTreeSet<&String> = decision.uncomputed.iter().chain(&decision.withheld).collect();
+        let unknown: BTreeSet<&String> = uncomputed.iter().chain(&decision.withheld).collect();
         let before = std::mem::take(&mut self.stats.shadow_unknown);
         let (mine, others): (BTreeSet<_>, BTreeSet<_>) = before.into_iter().partition(|(q, _)| q == &quota);
         self.stats.shadow_unknown = others;

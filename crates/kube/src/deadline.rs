@@ -155,8 +155,15 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         if let Poll::Ready(frame) = self.body.as_mut().poll_frame(cx) {
-            if let (Some(idle), Some(Ok(_))) = (self.idle, &frame) {
+            if let (Some(idle), Some(Ok(f))) = (self.idle, &frame) {
                 self.timer.as_mut().reset(Instant::now() + idle);
+                // Trace level: what a watch delivers, event type and resourceVersion included
+                // (to tell a lost event from a lost bookmark when a watch resumes).
+                if tracing::enabled!(tracing::Level::TRACE)
+                    && let Some(data) = f.data_ref()
+                {
+                    tracing::trace!(bytes = data.len(), head = %String::from_utf8_lossy(&data[..data.len().min(240)]), "watch frame");
+                }
             }
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }

@@ -48,12 +48,16 @@ pub struct KeyUsage {
     pub key: String,
     /// `spec.hard[key]`.
     pub hard: String,
-    /// What `status.used[key]` should be (`None`: never computed, stays as stored).
+    /// What `status.used[key]` should be (`None`: not computed, see `unknown`).
     pub computed: Option<String>,
     /// What `status.used[key]` holds now.
     pub stored: Option<String>,
-    /// Whether stored and computed differ by value (or by presence).
+    /// Whether stored and computed differ by value (or by presence); never set for a key
+    /// that was not computed.
     pub differs: bool,
+    /// Why the key was not computed (the stored value is then neither confirmed nor refuted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unknown: Option<String>,
 }
 
 /// One quota in the usage report.
@@ -108,18 +112,29 @@ pub async fn usage(
         let keys = hard
             .iter()
             .map(|(name, limit)| {
-                let ours = computed.decision.used.get(name);
-                let theirs = stored.get(name);
-                let differs = match (ours, theirs) {
-                    (Some(a), Some(b)) => !same_value(a, b),
-                    (a, b) => a.is_some() != b.is_some(),
+                // status.used carries a stored value forward for a key no evaluator computed;
+                // that value is not lazyquota's, so it is not shown as computed.
+                let unknown = if computed.decision.withheld.contains(name) {
+                    Some("withheld: an object carries a quantity beyond what lazyquota holds exactly".to_owned())
+                } else if computed.uncomputed.contains(name) {
+                    Some("not computed: its type is not served or could not be listed, or its evaluator is not implemented".to_owned())
+                } else {
+                    None
                 };
+                let ours = computed.decision.used.get(name).filter(|_| unknown.is_none());
+                let theirs = stored.get(name);
+                let differs = unknown.is_none()
+                    && match (ours, theirs) {
+                        (Some(a), Some(b)) => !same_value(a, b),
+                        (a, b) => a.is_some() != b.is_some(),
+                    };
                 KeyUsage {
                     key: name.clone(),
                     hard: limit.0.clone(),
                     computed: ours.map(|q| q.0.clone()),
                     stored: theirs.map(|q| q.0.clone()),
                     differs,
+                    unknown,
                 }
             })
             .collect();

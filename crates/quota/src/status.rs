@@ -22,9 +22,6 @@ pub struct StatusDecision {
     /// admission then refuses every request that would charge them ("status unknown for
     /// quota") until the object is gone — it fails closed.
     pub withheld: Vec<String>,
-    /// `spec.hard` keys no evaluator computed this time (not synced, not served, forbidden):
-    /// they keep their previous value, which is therefore not lazyquota's own.
-    pub uncomputed: Vec<String>,
 }
 
 /// Value equality of two quantity strings (`Cmp`), falling back to string equality for
@@ -77,18 +74,12 @@ pub fn assemble_status(
         }
     }
     used.retain(|key, _| spec_hard.contains_key(key));
-    let uncomputed = spec_hard
-        .keys()
-        .filter(|key| !new_usage.contains_key(*key))
-        .cloned()
-        .collect();
     dirty |= !lists_equal(&used, previous_used);
     StatusDecision {
         hard: spec_hard.clone(),
         used,
         dirty,
         withheld,
-        uncomputed,
     }
 }
 
