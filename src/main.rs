@@ -189,6 +189,21 @@ struct RunArgs {
     /// delegated serves HTTPS. /healthz and /readyz stay open.
     #[arg(long, value_enum, default_value_t = MetricsAuth::None)]
     metrics_auth: MetricsAuth,
+    /// Export each quota key's used, hard and used/hard as lazyquota_quota_used,
+    /// lazyquota_quota_hard and lazyquota_quota_usage_ratio (labels cluster, namespace, quota,
+    /// resource): three series per quota key, ~0.5 KiB of process memory per key.
+    #[arg(long)]
+    quota_usage_metrics: bool,
+    /// With --quota-usage-metrics: at most this many quota keys are exported (the first in
+    /// cluster, namespace, quota, key order); the rest are counted in
+    /// lazyquota_quota_usage_series_dropped.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 10_000,
+        requires = "quota_usage_metrics"
+    )]
+    quota_usage_metrics_max_series: usize,
     /// PEM certificate for HTTPS on --metrics-addr (default with delegated auth: self-signed).
     #[arg(long, value_name = "FILE", requires = "metrics_tls_key_file")]
     metrics_tls_cert_file: Option<PathBuf>,
@@ -348,6 +363,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         transport,
         metrics_addr,
         metrics_auth,
+        quota_usage_metrics,
+        quota_usage_metrics_max_series,
         metrics_tls_cert_file,
         metrics_tls_key_file,
         leader,
@@ -405,6 +422,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             StreamingLists::On => Some(true),
             StreamingLists::Off => Some(false),
         },
+        quota_usage_metrics,
         ..Config::default()
     };
 
@@ -422,6 +440,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
 
     let metrics = Metrics::new();
+    metrics.set_quota_series_cap(quota_usage_metrics_max_series);
     let (controller_tx, controller_rx) = watch::channel(Vec::new());
     let (standby_tx, standby_rx) = watch::channel(!leader.leader_elect);
     let mut admin = server::Admin::new(metrics.clone(), controller_rx, standby_rx);

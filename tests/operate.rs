@@ -163,10 +163,26 @@ async fn prometheus_scrapes_the_active_watch_gauge() {
         .create(&PostParams::default(), &quota("q", &[("count/secrets", "5")]))
         .await
         .expect("quota");
-    let process = Lazyquota::start(cp.kubeconfig(), &[]);
+    let process = Lazyquota::start(cp.kubeconfig(), &["--quota-usage-metrics"]);
     used_becomes(&quotas, "q", "count/secrets", "0")
         .await
         .expect("controller running");
+    ns.api::<k8s_openapi::api::core::v1::Secret>()
+        .create(
+            &PostParams::default(),
+            &k8s_openapi::api::core::v1::Secret {
+                metadata: ObjectMeta {
+                    name: Some("one".into()),
+                    ..ObjectMeta::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("secret");
+    used_becomes(&quotas, "q", "count/secrets", "1")
+        .await
+        .expect("a secret counted");
 
     let dir = std::env::temp_dir().join(unique_name("prometheus"));
     std::fs::create_dir_all(&dir).unwrap();
@@ -202,6 +218,19 @@ async fn prometheus_scrapes_the_active_watch_gauge() {
         result.parse::<f64>().is_ok_and(|v| v >= 1.0),
         "a watch on secrets, got {result}"
     );
+    // What users alert on: the chart's "quota nearly full" rule is this ratio over a threshold.
+    let ratio = format!(
+        "/api/v1/query?query=lazyquota_quota_usage_ratio%7Bnamespace%3D%22{}%22%2Cquota%3D%22q%22%2Cresource%3D%22count%2Fsecrets%22%7D",
+        ns.name()
+    );
+    let value = eventually(Duration::from_secs(60), || async {
+        let (_, body) = http_get(web, &ratio).await?;
+        let json: serde_json::Value = serde_json::from_str(&body).ok()?;
+        json["data"]["result"][0]["value"][1].as_str().map(str::to_owned)
+    })
+    .await
+    .expect("Prometheus returns the quota's usage ratio");
+    assert_eq!(value, "0.2", "1 of 5 secrets");
     drop(process);
     ns.delete().await.expect("delete namespace");
 }

@@ -77,7 +77,8 @@ check "defaults: 2 replicas, leader election, restricted pod, probes" contains "
   'apiGroups: ["*"]' "image: \"lazyquota:0.1.0\"" "- --metrics-auth" '"none"'
 check "defaults: optional objects off" lacks "$work/default.yaml" \
   "kind: ServiceMonitor" "kind: PodMonitor" "kind: PrometheusRule" "kind: NetworkPolicy" \
-  "- --shadow" "LAZYQUOTA_KCP_SHARD_URL" "system:auth-delegator" "scheme: HTTPS"
+  "- --shadow" "LAZYQUOTA_KCP_SHARD_URL" "system:auth-delegator" "scheme: HTTPS" \
+  "- --quota-usage-metrics"
 # shellcheck disable=SC2016 # the alert templates are literal text
 check "values-all: every optional object and flag" contains "$work/all.yaml" \
   "kind: ServiceMonitor" "kind: PodMonitor" "kind: PrometheusRule" "kind: NetworkPolicy" \
@@ -90,13 +91,18 @@ check "values-all: every optional object and flag" contains "$work/all.yaml" \
   'apiGroups: ["apps","batch","example.com"]' "- persistentvolumeclaims" '"0.0.0.0:8080"' \
   "- --metrics-auth" '"delegated"' "name: system:auth-delegator" "scheme: HTTPS" \
   "scheme: https" "insecureSkipVerify: true" "bearerTokenFile:" \
-  "secretName: kcp-shard-1" "value: /etc/lazyquota/kcp/kubeconfig"
+  "secretName: kcp-shard-1" "value: /etc/lazyquota/kcp/kubeconfig" \
+  "- --quota-usage-metrics" "- --quota-usage-metrics-max-series" '"500"' \
+  "alert: LazyquotaQuotaNearlyFull" \
+  "expr: lazyquota_quota_usage_ratio >= 0.9" "for: 15m"
 check "values-all: leader election off, no wildcard rule" lacks "$work/all.yaml" \
   "- --leader-elect" "kind: Role" 'apiGroups: ["*"]'
 
 check "schema rejects an unknown value" fails_with "'notAValue' not allowed" template --set notAValue=1
 check "schema rejects a bad enum" fails_with "/controller/mode" template --set controller.mode=busy
 check "schema rejects a bad duration" fails_with "/controller/resyncPeriod" template --set controller.resyncPeriod=5min
+check "schema rejects a ratio above 1" fails_with "/prometheusRule/quotaNearlyFull/ratio" \
+  template --set prometheusRule.quotaNearlyFull.ratio=1.5
 check "chart refuses kcp without shard credentials" fails_with "needs kcp.kubeconfigSecret" \
   template --set kcp.shardURL=https://shard.example:6443
 check "chart refuses 2 writers without leader election" fails_with "needs leaderElection.enabled" \

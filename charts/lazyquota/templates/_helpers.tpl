@@ -106,6 +106,11 @@ The container arguments: the flags of `lazyquota run`.
 {{- if .Values.shadow }}
 - --shadow
 {{- end }}
+{{- if .Values.metrics.quotaUsage.enabled }}
+- --quota-usage-metrics
+- --quota-usage-metrics-max-series
+- {{ int .Values.metrics.quotaUsage.maxSeries | toString | quote }}
+{{- end }}
 {{- if .Values.leaderElection.enabled }}
 - --leader-elect
 - --leader-election-namespace

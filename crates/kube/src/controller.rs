@@ -98,6 +98,9 @@ pub struct Config {
     pub kcp: bool,
     /// kcp: the logical cluster's workspace path (`root:org:team`), named in Events.
     pub workspace: Option<String>,
+    /// Report each quota's `used` and `hard` per key in the snapshot (for the opt-in
+    /// `lazyquota_quota_used`/`_hard`/`_usage_ratio` gauges).
+    pub quota_usage_metrics: bool,
 }
 
 impl Default for Config {
@@ -115,6 +118,7 @@ impl Default for Config {
             instance: "lazyquota".into(),
             kcp: false,
             workspace: None,
+            quota_usage_metrics: false,
         }
     }
 }
@@ -205,6 +209,8 @@ pub struct Snapshot {
     pub shadow_verdicts: BTreeMap<String, bool>,
     /// Shadow mode: (quota, key) pairs lazyquota did not compute last time (unknown).
     pub shadow_unknown: BTreeSet<(String, String)>,
+    /// With `quota_usage_metrics`: per quota key, `status.used` and `spec.hard` in units.
+    pub quota_usage: Vec<QuotaKeyUsage>,
     /// (quota, key) pairs whose usage is unknown (an object carries a quantity beyond what
     /// lazyquota holds): withheld from status.used, never written lower.
     pub withheld: BTreeSet<(String, String)>,
@@ -241,6 +247,7 @@ impl Snapshot {
                 .extend(part.shadow_verdicts.iter().map(|(k, v)| (k.clone(), *v)));
             all.withheld.extend(part.withheld.iter().cloned());
             all.shadow_unknown.extend(part.shadow_unknown.iter().cloned());
+            all.quota_usage.extend(part.quota_usage.iter().cloned());
             all.streaming_lists |= part.streaming_lists;
             all.unavailable_groups
                 .extend(part.unavailable_groups.iter().cloned());
@@ -250,6 +257,23 @@ impl Snapshot {
         all.pending = pending.into_iter().collect();
         all
     }
+}
+
+/// One quota key's usage, for the opt-in per-quota gauges.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuotaKeyUsage {
+    /// The cluster.
+    pub cluster: String,
+    /// The quota's namespace.
+    pub namespace: String,
+    /// The quota's name.
+    pub quota: String,
+    /// The key (`requests.cpu`, `count/widgets.example.io`).
+    pub resource: String,
+    /// `status.used[key]` in units (what admission enforces); absent until written.
+    pub used: Option<f64>,
+    /// `spec.hard[key]` in units.
+    pub hard: f64,
 }
 
 /// One open watch, for metrics and `explain`.
@@ -1430,7 +1454,41 @@ impl Controller {
         }
         self.stats.pending = pending.into_iter().collect();
         self.stats.unavailable_groups = self.unavailable_groups.iter().cloned().collect();
+        self.stats.quota_usage = if self.config.quota_usage_metrics {
+            self.quota_usage()
+        } else {
+            Vec::new()
+        };
         self.stats.clone()
+    }
+}
+
+impl Controller {
+    /// Every quota key's stored `used` and its `hard`, in units.
+    fn quota_usage(&self) -> Vec<QuotaKeyUsage> {
+        let units = |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| {
+            lazyquota_quota::Quantity::parse_k8s(q).map_or(f64::NAN, |q| q.to_f64())
+        };
+        let mut out = Vec::new();
+        for (key, entry) in self.engine.index.quotas() {
+            let state = &entry.payload;
+            for (resource, hard) in state.spec_hard.iter().flatten() {
+                let used = state
+                    .status_used
+                    .as_ref()
+                    .and_then(|u| u.get(resource))
+                    .map(units);
+                out.push(QuotaKeyUsage {
+                    cluster: key.cluster.to_string(),
+                    namespace: key.namespace.to_string(),
+                    quota: key.name.to_string(),
+                    resource: resource.clone(),
+                    used,
+                    hard: units(hard),
+                });
+            }
+        }
+        out
     }
 }
 

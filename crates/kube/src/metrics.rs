@@ -6,9 +6,14 @@
 //! that the controller's state already knows — watches, objects and bytes held, pending
 //! names, disagreements — are computed at scrape time from a [`Snapshot`].
 
+use std::sync::{
+    Arc,
+    atomic::{AtomicUsize, Ordering},
+};
+
 use prometheus::{
-    Encoder as _, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder as _, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 use crate::controller::Snapshot;
@@ -40,8 +45,23 @@ pub struct Metrics {
     unavailable_groups: IntGaugeVec,
     kcp_engaged: IntGauge,
     kcp_shared: IntGauge,
+    quota_used: GaugeVec,
+    quota_hard: GaugeVec,
+    quota_ratio: GaugeVec,
+    quota_series_dropped: IntGauge,
+    /// Per-quota series at most (of each of used, hard and ratio).
+    quota_series_cap: Arc<AtomicUsize>,
     /// 1 while this process leads (or leader election is off), else 0.
     pub leader: IntGauge,
+}
+
+/// The per-quota gauges' labels.
+const QUOTA_LABELS: &[&str] = &["cluster", "namespace", "quota", "resource"];
+
+fn float_gauge_vec(registry: &Registry, name: &str, help: &str) -> GaugeVec {
+    let g = GaugeVec::new(Opts::new(name, help), QUOTA_LABELS).expect("valid metric");
+    registry.register(Box::new(g.clone())).expect("registered once");
+    g
 }
 
 impl Default for Metrics {
@@ -206,6 +226,27 @@ impl Metrics {
                 "lazyquota_kcp_shared_watches",
                 "kcp: shared wildcard watches running (one per type that enough logical clusters watch).",
             ),
+            quota_used: float_gauge_vec(
+                &r,
+                "lazyquota_quota_used",
+                "Opt-in (--quota-usage-metrics): status.used of each quota key, in units (cores, bytes, objects).",
+            ),
+            quota_hard: float_gauge_vec(
+                &r,
+                "lazyquota_quota_hard",
+                "Opt-in (--quota-usage-metrics): spec.hard of each quota key, in units.",
+            ),
+            quota_ratio: float_gauge_vec(
+                &r,
+                "lazyquota_quota_usage_ratio",
+                "Opt-in (--quota-usage-metrics): used / hard of each quota key (absent when hard is 0).",
+            ),
+            quota_series_dropped: gauge(
+                &r,
+                "lazyquota_quota_usage_series_dropped",
+                "Quota keys left out of the per-quota gauges by --quota-usage-metrics-max-series.",
+            ),
+            quota_series_cap: Arc::new(AtomicUsize::new(usize::MAX)),
             unavailable_groups: gauge_vec(
                 &r,
                 "lazyquota_unavailable_api_groups",
@@ -290,6 +331,7 @@ impl Metrics {
 
     /// Sets the scrape-time gauges from one (possibly merged) controller state.
     pub fn observe(&self, snapshot: &Snapshot) {
+        self.observe_quota_usage(snapshot);
         self.quotas
             .set(i64::try_from(snapshot.quotas).unwrap_or(i64::MAX));
         self.ready.set(i64::from(snapshot.quotas_synced));
@@ -367,6 +409,49 @@ impl Metrics {
         }
     }
 
+    /// Caps the per-quota gauges at `max` quota keys (the first `max` in cluster, namespace,
+    /// quota, key order; the rest are counted in `lazyquota_quota_usage_series_dropped`).
+    pub fn set_quota_series_cap(&self, max: usize) {
+        self.quota_series_cap.store(max, Ordering::Relaxed);
+    }
+
+    /// The opt-in per-quota gauges from `snapshot.quota_usage`.
+    fn observe_quota_usage(&self, snapshot: &Snapshot) {
+        self.quota_used.reset();
+        self.quota_hard.reset();
+        self.quota_ratio.reset();
+        let mut samples: Vec<_> = snapshot.quota_usage.iter().collect();
+        samples.sort_by(|a, b| {
+            (&a.cluster, &a.namespace, &a.quota, &a.resource).cmp(&(
+                &b.cluster,
+                &b.namespace,
+                &b.quota,
+                &b.resource,
+            ))
+        });
+        let cap = self.quota_series_cap.load(Ordering::Relaxed);
+        let dropped = samples.len().saturating_sub(cap);
+        self.quota_series_dropped
+            .set(i64::try_from(dropped).unwrap_or(i64::MAX));
+        for sample in samples.into_iter().take(cap) {
+            let labels = [
+                sample.cluster.as_str(),
+                sample.namespace.as_str(),
+                sample.quota.as_str(),
+                sample.resource.as_str(),
+            ];
+            self.quota_hard.with_label_values(&labels).set(sample.hard);
+            if let Some(used) = sample.used {
+                self.quota_used.with_label_values(&labels).set(used);
+                if sample.hard > 0.0 {
+                    self.quota_ratio
+                        .with_label_values(&labels)
+                        .set(used / sample.hard);
+                }
+            }
+        }
+    }
+
     /// The text exposition of every metric.
     ///
     /// # Panics
@@ -398,5 +483,74 @@ mod tests {
             assert_eq!(kind == "counter", name.ends_with("_total"), "{name} is a {kind}");
         }
         assert!(text.contains("lazyquota_watch_events_total{resource=\"pods\"} 1"));
+    }
+
+    #[test]
+    fn per_quota_gauges_report_used_hard_and_ratio_up_to_the_cap() {
+        use crate::controller::QuotaKeyUsage;
+        let sample = |quota: &str, resource: &str, used: Option<f64>, hard: f64| QuotaKeyUsage {
+            cluster: "c".into(),
+            namespace: "team".into(),
+            quota: quota.into(),
+            resource: resource.into(),
+            used,
+            hard,
+        };
+        let snapshot = Snapshot {
+            quota_usage: vec![
+                sample("q", "requests.cpu", Some(1.5), 2.0),
+                sample("q", "pods", Some(3.0), 0.0),
+                sample("r", "count/configmaps", None, 10.0),
+            ],
+            ..Snapshot::default()
+        };
+        let metrics = Metrics::new();
+        metrics.observe(&snapshot);
+        let text = metrics.encode();
+        let series = |name: &str, quota: &str, resource: &str| {
+            let head = format!(
+                "{name}{{cluster=\"c\",namespace=\"team\",quota=\"{quota}\",resource=\"{resource}\"}} "
+            );
+            text.lines()
+                .find_map(|l| l.strip_prefix(head.as_str()).map(str::to_owned))
+        };
+        assert_eq!(
+            series("lazyquota_quota_used", "q", "requests.cpu").as_deref(),
+            Some("1.5")
+        );
+        assert_eq!(
+            series("lazyquota_quota_hard", "q", "requests.cpu").as_deref(),
+            Some("2")
+        );
+        assert_eq!(
+            series("lazyquota_quota_usage_ratio", "q", "requests.cpu").as_deref(),
+            Some("0.75")
+        );
+        assert_eq!(
+            series("lazyquota_quota_usage_ratio", "q", "pods"),
+            None,
+            "no ratio of a zero hard"
+        );
+        assert_eq!(
+            series("lazyquota_quota_used", "r", "count/configmaps"),
+            None,
+            "not written yet"
+        );
+        assert_eq!(
+            series("lazyquota_quota_hard", "r", "count/configmaps").as_deref(),
+            Some("10")
+        );
+        assert!(text.contains("lazyquota_quota_usage_series_dropped 0"));
+
+        metrics.set_quota_series_cap(1);
+        metrics.observe(&snapshot);
+        let text = metrics.encode();
+        assert_eq!(
+            text.lines()
+                .filter(|l| l.starts_with("lazyquota_quota_hard{"))
+                .count(),
+            1
+        );
+        assert!(text.contains("lazyquota_quota_usage_series_dropped 2"));
     }
 }

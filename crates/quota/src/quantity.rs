@@ -247,6 +247,16 @@ impl Quantity {
         matches!(self.amount, Amount::Nanos(0))
     }
 
+    /// The value in units as a float, for metrics and display only (rounded; NaN if unknown).
+    #[allow(clippy::cast_precision_loss)] // a gauge needs a float; exactness stays in `self`
+    pub fn to_f64(&self) -> f64 {
+        match &self.amount {
+            Amount::Nanos(nanos) => *nanos as f64 / 1e9,
+            Amount::Big(big) => big.to_f64().map_or(f64::NAN, |v| v / 1e9),
+            Amount::Unknown => f64::NAN,
+        }
+    }
+
     /// Heap bytes owned by this value: zero on the fast path.
     pub fn heap_bytes(&self) -> usize {
         match &self.amount {
