@@ -231,6 +231,15 @@ impl Engine {
                     || old.payload.spec.hard_keys != state.spec.hard_keys
                     || !same_quantities(old.payload.spec_hard.as_ref(), state.spec_hard.as_ref())
                     || old.payload.spec.scopes != state.spec.scopes
+                    // Unlike upstream: a status.used someone else changed (admission charging a
+                    // create, another writer) is checked against the objects again. Admission
+                    // charges before the object exists, and when the quota's watch delivers that
+                    // charge *after* the object's watch delivered the object (watches resuming
+                    // after a cut, in any order), the computation made at the object's add
+                    // compared with the older status, found it equal and wrote nothing; the
+                    // charged value would then stay until the next resync. Our own writes are
+                    // recorded first and do not count as a change.
+                    || !same_quantities(old.payload.status_used.as_ref(), state.status_used.as_ref())
             }
         };
         let problems = if recompute {
@@ -819,33 +828,38 @@ mod tests {
     }
 
     #[test]
-    fn status_only_updates_do_not_recompute_but_spec_and_scope_changes_do() {
+    fn spec_scope_and_foreign_status_changes_recompute_but_our_own_write_does_not() {
         let cluster = ClusterName::new("c");
         let mut engine = Engine::new(FeatureGates::default());
         let key = QuotaKey::new(&cluster, "ns", "q");
+        let recompute = |engine: &mut Engine, q: &ResourceQuota| engine.apply_quota(key.clone(), q).recompute;
+        assert!(recompute(&mut engine, &quota(&[("pods", "1")], None)), "new");
+        let status = quota(&[("pods", "1")], Some(&[("pods", "0")]));
         assert!(
-            engine
-                .apply_quota(key.clone(), &quota(&[("pods", "1")], None))
-                .recompute
+            recompute(&mut engine, &status),
+            "a status someone else wrote is checked"
         );
+        assert!(!recompute(&mut engine, &status), "the same status again");
         assert!(
-            !engine
-                .apply_quota(key.clone(), &quota(&[("pods", "1")], Some(&[("pods", "0")])))
-                .recompute
+            !recompute(&mut engine, &quota(&[("pods", "1000m")], Some(&[("pods", "0")]))),
+            "same hard by value"
         );
+        // Our own write is recorded before its watch event arrives: no recomputation.
+        let written = quota(&[("pods", "1")], Some(&[("pods", "1")]));
+        engine.record_written(&key, &written);
+        assert!(!recompute(&mut engine, &written), "the event of our own write");
+        // Admission charged a create (the object may not be in the store yet, or may be: either
+        // way the count is checked again).
+        assert!(recompute(
+            &mut engine,
+            &quota(&[("pods", "1")], Some(&[("pods", "2")]))
+        ));
         assert!(
-            !engine
-                .apply_quota(key.clone(), &quota(&[("pods", "1000m")], Some(&[("pods", "0")])))
-                .recompute,
-            "same value"
+            recompute(&mut engine, &quota(&[("pods", "2")], Some(&[("pods", "2")]))),
+            "hard"
         );
-        assert!(
-            engine
-                .apply_quota(key.clone(), &quota(&[("pods", "2")], Some(&[("pods", "0")])))
-                .recompute
-        );
-        let mut scoped = quota(&[("pods", "2")], Some(&[("pods", "0")]));
+        let mut scoped = quota(&[("pods", "2")], Some(&[("pods", "2")]));
         scoped.spec.as_mut().unwrap().scopes = Some(vec!["BestEffort".into()]);
-        assert!(engine.apply_quota(key, &scoped).recompute);
+        assert!(recompute(&mut engine, &scoped), "scopes");
     }
 }
