@@ -170,6 +170,14 @@ async fn quota_on_a_crd_created_later_and_a_crd_deleted_while_watched() {
     ns.delete().await.expect("delete namespace");
 }
 
+/// Waits for the namespace's `default` ServiceAccount: pods cannot be created before it.
+async fn default_service_account(ns: &TestNamespace) {
+    let accounts = ns.api::<ServiceAccount>();
+    eventually(WAIT, || async { accounts.get("default").await.ok() })
+        .await
+        .expect("default service account");
+}
+
 fn pod(name: &str, cpu: &str) -> Pod {
     serde_json::from_value(serde_json::json!({
         "metadata": {"name": name},
@@ -186,10 +194,7 @@ async fn admission_enforces_our_status_and_deletes_free_quota() {
     let ns = TestNamespace::create(Flavor::LazyquotaOnly, "pods")
         .await
         .expect("namespace");
-    let accounts = ns.api::<ServiceAccount>();
-    eventually(WAIT, || async { accounts.get("default").await.ok() })
-        .await
-        .expect("default service account");
+    default_service_account(&ns).await;
     let quotas = ns.api::<ResourceQuota>();
     quotas
         .create(
@@ -716,10 +721,7 @@ async fn huge_quantities_count_exactly_and_beyond_range_keys_are_withheld() {
     let ns = TestNamespace::create(Flavor::LazyquotaOnly, "huge")
         .await
         .expect("namespace");
-    let accounts = ns.api::<ServiceAccount>();
-    eventually(WAIT, || async { accounts.get("default").await.ok() })
-        .await
-        .expect("default service account");
+    default_service_account(&ns).await;
     let pods = ns.api::<Pod>();
     let pp = PostParams::default();
     // Created before any quota: admission would refuse it under requests.memory=1E40.

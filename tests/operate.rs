@@ -235,6 +235,26 @@ async fn prometheus_scrapes_the_active_watch_gauge() {
     ns.delete().await.expect("delete namespace");
 }
 
+/// Leader election with short timings (lease 4 s, renew deadline 3 s, retry 500 ms) on Lease
+/// `default/<lease>` as `id`.
+fn leader_flags<'a>(id: &'a str, lease: &'a str) -> [&'a str; 13] {
+    [
+        "--leader-elect",
+        "--leader-election-namespace",
+        "default",
+        "--leader-election-lease-name",
+        lease,
+        "--leader-election-identity",
+        id,
+        "--leader-election-lease-duration",
+        "4s",
+        "--leader-election-renew-deadline",
+        "3s",
+        "--leader-election-retry-period",
+        "500ms",
+    ]
+}
+
 /// Two replicas: one leads and writes; kill it, the other takes over within the lease
 /// duration; they never lead at once; SIGTERM releases the Lease and exits 0.
 #[tokio::test]
@@ -245,28 +265,8 @@ async fn a_standby_takes_over_when_the_leader_dies_and_never_both_lead() {
         .await
         .expect("namespace");
     let lease_name = unique_name("lease");
-    let flags = |id: &'static str| {
-        vec![
-            "--leader-elect",
-            "--leader-election-namespace",
-            "default",
-            "--leader-election-identity",
-            id,
-            "--leader-election-lease-duration",
-            "4s",
-            "--leader-election-renew-deadline",
-            "3s",
-            "--leader-election-retry-period",
-            "500ms",
-        ]
-    };
-    let with_lease = |mut f: Vec<&'static str>, name: &'static str| {
-        f.extend(["--leader-election-lease-name", name]);
-        f
-    };
-    let name: &'static str = Box::leak(lease_name.clone().into_boxed_str());
-    let a = Lazyquota::start(cp.kubeconfig(), &with_lease(flags("replica-a"), name));
-    let b = Lazyquota::start(cp.kubeconfig(), &with_lease(flags("replica-b"), name));
+    let a = Lazyquota::start(cp.kubeconfig(), &leader_flags("replica-a", &lease_name));
+    let b = Lazyquota::start(cp.kubeconfig(), &leader_flags("replica-b", &lease_name));
 
     let a_leads = eventually(WAIT, || async {
         match (a.leader().await?, b.leader().await?) {
@@ -448,32 +448,15 @@ async fn a_black_holed_leader_stops_before_the_standby_takes_over() {
     proxy
         .kubeconfig(cp.kubeconfig(), &proxied)
         .expect("proxied kubeconfig");
-    let lease: &'static str = Box::leak(unique_name("lease").into_boxed_str());
-    let flags = |id: &'static str| {
-        vec![
-            "--leader-elect",
-            "--leader-election-namespace",
-            "default",
-            "--leader-election-lease-name",
-            lease,
-            "--leader-election-identity",
-            id,
-            "--leader-election-lease-duration",
-            "4s",
-            "--leader-election-renew-deadline",
-            "3s",
-            "--leader-election-retry-period",
-            "500ms",
-        ]
-    };
-    let mut leader = Lazyquota::start(&proxied, &flags("behind-proxy"));
+    let lease = unique_name("lease");
+    let mut leader = Lazyquota::start(&proxied, &leader_flags("behind-proxy", &lease));
     let leads = eventually(WAIT, || async { leader.leader().await?.then_some(()) }).await;
     assert!(
         leads.is_some(),
         "the proxied replica leads first; log:\n{}",
         leader.log()
     );
-    let standby = Lazyquota::start(cp.kubeconfig(), &flags("direct"));
+    let standby = Lazyquota::start(cp.kubeconfig(), &leader_flags("direct", &lease));
     let ready = eventually(WAIT, || async {
         (standby.get("/readyz").await?.0 == 200).then_some(())
     })
