@@ -123,6 +123,25 @@ impl Default for Config {
     }
 }
 
+/// A status write in flight this long no longer counts against `--concurrency`: a write that
+/// hangs (until its request deadline, 30 s) must not hold back the other quotas' writes.
+const WRITE_STALL: Duration = Duration::from_secs(5);
+
+/// Of writes started at `started`, how many still count against the concurrency at `now`, and
+/// when the next of them stops counting (for the loop's timer).
+fn busy_writes(started: impl Iterator<Item = Instant>, now: Instant) -> (usize, Option<Instant>) {
+    let mut busy = 0;
+    let mut next = None::<Instant>;
+    for at in started {
+        let stalls_at = at + WRITE_STALL;
+        if stalls_at > now {
+            busy += 1;
+            next = Some(next.map_or(stalls_at, |n| n.min(stalls_at)));
+        }
+    }
+    (busy, next)
+}
+
 /// Namespace fills (lists of one namespace joining a cluster-wide watch) running at once.
 const MAX_FILLS: usize = 8;
 
@@ -320,6 +339,9 @@ pub struct Controller {
     next_id: u64,
     queue: WorkQueue<QuotaKey>,
     writes: FuturesUnordered<BoxFuture<'static, WriteResult>>,
+    /// When each status write in flight started (one per quota at most: the queue does not
+    /// hand out a quota being written).
+    writing: HashMap<QuotaKey, Instant>,
     stats: Snapshot,
     metrics: Metrics,
     recorder: Recorder,
@@ -374,6 +396,7 @@ impl Controller {
             next_id: 0,
             queue: WorkQueue::new(),
             writes: FuturesUnordered::new(),
+            writing: HashMap::new(),
             stats: Snapshot::default(),
             metrics,
             requests,
@@ -423,7 +446,8 @@ impl Controller {
 
         let outcome = loop {
             let queue_ready = self.queue.next_ready().map(tokio::time::Instant::from_std);
-            let can_start = self.writes.len() < self.config.concurrency.max(1);
+            let (busy, next_stall) = busy_writes(self.writing.values().copied(), Instant::now());
+            let can_start = busy < self.config.concurrency.max(1);
             let next_retry = discovery_retries.iter().min().copied();
             tokio::select! {
                 () = &mut shutdown => break Ok(()),
@@ -460,6 +484,8 @@ impl Controller {
                     next_resync = resync.map(|p| tokio::time::Instant::now() + p);
                     self.enqueue_all();
                 }
+                // A write in flight becomes stalled: its slot is free for another quota.
+                () = tokio::time::sleep_until(next_stall.map_or_else(far_future, tokio::time::Instant::from_std)), if !can_start && next_stall.is_some() => {}
                 () = tokio::time::sleep_until(queue_ready.unwrap_or_else(far_future)), if queue_ready.is_some() && can_start => {
                     self.start_syncs();
                 }
@@ -1226,7 +1252,7 @@ impl Controller {
 
     fn start_syncs(&mut self) {
         let now = Instant::now();
-        while self.writes.len() < self.config.concurrency.max(1) {
+        while busy_writes(self.writing.values().copied(), now).0 < self.config.concurrency.max(1) {
             let Some(key) = self.queue.pop_ready(now) else {
                 break;
             };
@@ -1267,12 +1293,14 @@ impl Controller {
             .map(|e| status_patch(&e.payload, &decision))
             .unwrap_or_default();
         let api: Api<ResourceQuota> = Api::namespaced(self.client.clone(), &key.namespace);
+        let key_of_write = key.clone();
         let write = async move {
             let result = api
                 .patch_status(&key.name, &PatchParams::default(), &Patch::Merge(&body))
                 .await;
             (key, started, result)
         };
+        self.writing.insert(key_of_write, started);
         self.writes.push(write.boxed());
     }
 
@@ -1381,6 +1409,7 @@ impl Controller {
     }
 
     fn on_write(&mut self, key: &QuotaKey, started: Instant, result: Result<ResourceQuota, kube::Error>) {
+        self.writing.remove(key);
         self.queue.done(key);
         let seconds = started.elapsed().as_secs_f64();
         match result {
@@ -1610,7 +1639,25 @@ fn api_change_stream(client: &Client, kcp: bool, metrics: &Metrics) -> BoxStream
 
 #[cfg(test)]
 mod tests {
-    use super::{MAX_NOTE_BYTES, event_note, truncate};
+    use std::time::{Duration, Instant};
+
+    use super::{MAX_NOTE_BYTES, WRITE_STALL, busy_writes, event_note, truncate};
+
+    #[test]
+    fn a_hung_status_write_stops_counting_against_the_concurrency() {
+        let hung = Instant::now();
+        let fresh = hung + WRITE_STALL + Duration::from_secs(1);
+        let now = fresh + Duration::from_secs(1);
+        assert_eq!(busy_writes([fresh, fresh].into_iter(), now).0, 2);
+        let (busy, next) = busy_writes([hung, hung, hung, hung, hung, fresh].into_iter(), now);
+        assert_eq!(busy, 1, "five hung writes leave four of five slots free");
+        assert_eq!(
+            next,
+            Some(fresh + WRITE_STALL),
+            "the loop wakes when the fresh one stalls"
+        );
+        assert_eq!(busy_writes(std::iter::empty(), now), (0, None));
+    }
 
     #[test]
     fn kcp_event_notes_start_with_the_workspace_path_and_still_fit() {

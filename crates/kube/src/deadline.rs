@@ -218,14 +218,12 @@ mod tests {
         }
     }
 
+    type SlowFuture = BoxFuture<'static, Result<Response<Slow>, Infallible>>;
+
     fn service(
         header_delay: Duration,
         body_delay: Duration,
-    ) -> Deadline<
-        tower::util::ServiceFn<
-            impl FnMut(Request<()>) -> BoxFuture<'static, Result<Response<Slow>, Infallible>>,
-        >,
-    > {
+    ) -> Deadline<tower::util::ServiceFn<impl FnMut(Request<()>) -> SlowFuture>> {
         let inner = tower::service_fn(
             move |_: Request<()>| -> BoxFuture<'static, Result<Response<Slow>, Infallible>> {
                 Box::pin(async move {
