@@ -128,6 +128,9 @@ pub struct QuotaUpdate {
     /// its scopes changed. Upstream enqueues only on new or `spec.hard` changes; lazyquota
     /// also recomputes at once on a `scopeSelector` change.
     pub recompute: bool,
+    /// Whether someone else changed `status.used` (by value): the quota is to be checked
+    /// again a little later (see [`Engine::apply_quota`]).
+    pub recheck: bool,
     /// Problems of the spec, to report (only when `recompute`).
     pub problems: Vec<SpecProblem>,
 }
@@ -231,17 +234,22 @@ impl Engine {
                     || old.payload.spec.hard_keys != state.spec.hard_keys
                     || !same_quantities(old.payload.spec_hard.as_ref(), state.spec_hard.as_ref())
                     || old.payload.spec.scopes != state.spec.scopes
-                    // Unlike upstream: a status.used someone else changed (admission charging a
-                    // create, another writer) is checked against the objects again. Admission
-                    // charges before the object exists, and when the quota's watch delivers that
-                    // charge *after* the object's watch delivered the object (watches resuming
-                    // after a cut, in any order), the computation made at the object's add
-                    // compared with the older status, found it equal and wrote nothing; the
-                    // charged value would then stay until the next resync. Our own writes are
-                    // recorded first and do not count as a change.
-                    || !same_quantities(old.payload.status_used.as_ref(), state.status_used.as_ref())
             }
         };
+        // Unlike upstream: a status.used someone else changed (admission charging a create,
+        // another writer) is checked against the objects again — later, not at once.
+        // Admission charges before the object exists; when the quota's watch delivers that
+        // charge *after* the object's watch delivered the object (watches resuming after a
+        // cut, in any order), the computation at the object's add compared with the older
+        // status, found it equal and wrote nothing, and the charge (too high, if the object
+        // was deleted meanwhile) would stand until the resync. Checking at once would instead
+        // write a lower value whenever the charge arrives before the object (the usual order):
+        // a window in which admission under-charges, and a write racing admission's own. Our
+        // own writes are recorded first and do not count as a change.
+        let recheck = !recompute
+            && self.index.get(&key).is_some_and(|old| {
+                !same_quantities(old.payload.status_used.as_ref(), state.status_used.as_ref())
+            });
         let problems = if recompute {
             state.spec.problems.clone()
         } else {
@@ -251,6 +259,7 @@ impl Engine {
         QuotaUpdate {
             changes,
             recompute,
+            recheck,
             problems,
         }
     }
@@ -828,38 +837,54 @@ mod tests {
     }
 
     #[test]
-    fn spec_scope_and_foreign_status_changes_recompute_but_our_own_write_does_not() {
+    fn spec_and_scope_changes_recompute_a_foreign_status_change_is_rechecked_our_write_neither() {
         let cluster = ClusterName::new("c");
         let mut engine = Engine::new(FeatureGates::default());
         let key = QuotaKey::new(&cluster, "ns", "q");
-        let recompute = |engine: &mut Engine, q: &ResourceQuota| engine.apply_quota(key.clone(), q).recompute;
-        assert!(recompute(&mut engine, &quota(&[("pods", "1")], None)), "new");
-        let status = quota(&[("pods", "1")], Some(&[("pods", "0")]));
-        assert!(
-            recompute(&mut engine, &status),
-            "a status someone else wrote is checked"
+        let apply = |engine: &mut Engine, q: &ResourceQuota| {
+            let u = engine.apply_quota(key.clone(), q);
+            (u.recompute, u.recheck)
+        };
+        assert_eq!(
+            apply(&mut engine, &quota(&[("pods", "1")], None)),
+            (true, false),
+            "new"
         );
-        assert!(!recompute(&mut engine, &status), "the same status again");
-        assert!(
-            !recompute(&mut engine, &quota(&[("pods", "1000m")], Some(&[("pods", "0")]))),
+        let status = quota(&[("pods", "1")], Some(&[("pods", "0")]));
+        assert_eq!(
+            apply(&mut engine, &status),
+            (false, true),
+            "someone else's status: checked later"
+        );
+        assert_eq!(
+            apply(&mut engine, &status),
+            (false, false),
+            "the same status again"
+        );
+        assert_eq!(
+            apply(&mut engine, &quota(&[("pods", "1000m")], Some(&[("pods", "0")]))),
+            (false, false),
             "same hard by value"
         );
-        // Our own write is recorded before its watch event arrives: no recomputation.
+        // Our own write is recorded before its watch event arrives.
         let written = quota(&[("pods", "1")], Some(&[("pods", "1")]));
         engine.record_written(&key, &written);
-        assert!(!recompute(&mut engine, &written), "the event of our own write");
-        // Admission charged a create (the object may not be in the store yet, or may be: either
-        // way the count is checked again).
-        assert!(recompute(
-            &mut engine,
-            &quota(&[("pods", "1")], Some(&[("pods", "2")]))
-        ));
-        assert!(
-            recompute(&mut engine, &quota(&[("pods", "2")], Some(&[("pods", "2")]))),
+        assert_eq!(
+            apply(&mut engine, &written),
+            (false, false),
+            "the event of our own write"
+        );
+        // Admission charged a create: the object may not be in the store yet (checking at once
+        // would write a lower value), or a delete may have passed it (the charge is too high).
+        let charged = quota(&[("pods", "1")], Some(&[("pods", "2")]));
+        assert_eq!(apply(&mut engine, &charged), (false, true));
+        assert_eq!(
+            apply(&mut engine, &quota(&[("pods", "2")], Some(&[("pods", "2")]))),
+            (true, false),
             "hard"
         );
         let mut scoped = quota(&[("pods", "2")], Some(&[("pods", "2")]));
         scoped.spec.as_mut().unwrap().scopes = Some(vec!["BestEffort".into()]);
-        assert!(recompute(&mut engine, &scoped), "scopes");
+        assert_eq!(apply(&mut engine, &scoped), (true, false), "scopes");
     }
 }

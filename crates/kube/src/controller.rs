@@ -123,6 +123,9 @@ impl Default for Config {
     }
 }
 
+/// How long after someone else changed a quota's status.used lazyquota checks it again.
+const STATUS_RECHECK_DELAY: Duration = Duration::from_secs(5);
+
 /// A status write in flight this long no longer counts against `--concurrency`: a write that
 /// hangs (until its request deadline, 30 s) must not hold back the other quotas' writes.
 const WRITE_STALL: Duration = Duration::from_secs(5);
@@ -593,6 +596,10 @@ impl Controller {
         self.apply_demand(&update.changes);
         if update.recompute {
             self.queue.add(key, Instant::now());
+        } else if update.recheck {
+            // Someone else changed status.used: check it once the watches have caught up (a
+            // burst of admission charges makes one check).
+            self.queue.add_at(key, Instant::now() + STATUS_RECHECK_DELAY);
         }
         if demand_changed && !self.unavailable_groups.is_empty() {
             self.report_unavailable();
