@@ -123,6 +123,14 @@ impl Default for Config {
     }
 }
 
+/// The keys `set` holds for `quota` (a range of the ordered set, not a scan of every quota).
+fn keys_of(set: &BTreeSet<(String, String)>, quota: &str) -> Vec<String> {
+    set.range((quota.to_owned(), String::new())..)
+        .take_while(|(q, _)| q == quota)
+        .map(|(_, k)| k.clone())
+        .collect()
+}
+
 /// How long after someone else changed a quota's status.used lazyquota checks it again.
 const STATUS_RECHECK_DELAY: Duration = Duration::from_secs(5);
 
@@ -151,7 +159,6 @@ const MAX_FILLS: usize = 8;
 /// An Event's note, at most (events.k8s.io/v1 allows 1024 bytes).
 const MAX_NOTE_BYTES: usize = 1000;
 
-/// `text` cut to at most `max` bytes at a character boundary, marked with an ellipsis.
 /// An Event's note: on kcp it starts with the workspace path, so an Event read on the shard
 /// (or exported) says where it happened; cut to what events.k8s.io/v1 accepts (error texts
 /// can be longer).
@@ -162,6 +169,7 @@ fn event_note(workspace: Option<&str>, note: &str) -> String {
     }
 }
 
+/// `text` cut to at most `max` bytes at a character boundary, marked with an ellipsis.
 fn truncate(text: &str, max: usize) -> String {
     if text.len() <= max {
         return text.to_owned();
@@ -1329,13 +1337,7 @@ impl Controller {
     /// `lazyquota_withheld_keys`), and when one is computed again.
     fn report_withheld(&mut self, key: &QuotaKey, withheld: &[String]) {
         let quota = key.to_string();
-        let before: Vec<String> = self
-            .stats
-            .withheld
-            .iter()
-            .filter(|(q, _)| q == &quota)
-            .map(|(_, k)| k.clone())
-            .collect();
+        let before = keys_of(&self.stats.withheld, &quota);
         for name in withheld.iter().filter(|k| !before.contains(k)) {
             warn!(quota = %key, key = %name, "usage unknown: an object carries a quantity beyond what lazyquota holds; the key is withheld from status.used");
             let note = format!(
@@ -1374,15 +1376,15 @@ impl Controller {
         let quota = key.to_string();
         self.stats.disagreements.retain(|(q, _), _| q != &quota);
         let unknown: BTreeSet<&String> = uncomputed.iter().chain(&decision.withheld).collect();
-        let before = std::mem::take(&mut self.stats.shadow_unknown);
-        let (mine, others): (BTreeSet<_>, BTreeSet<_>) = before.into_iter().partition(|(q, _)| q == &quota);
-        self.stats.shadow_unknown = others;
+        let before = keys_of(&self.stats.shadow_unknown, &quota);
+        for name in &before {
+            self.stats.shadow_unknown.remove(&(quota.clone(), name.clone()));
+        }
         for name in &unknown {
-            let pair = (quota.clone(), (*name).clone());
-            if !mine.contains(&pair) {
+            if !before.contains(*name) {
                 info!(quota = %quota, key = %name, "shadow: lazyquota does not compute this key (yet); reported as unknown");
             }
-            self.stats.shadow_unknown.insert(pair);
+            self.stats.shadow_unknown.insert((quota.clone(), (*name).clone()));
         }
         let mut disagree = false;
         let names: BTreeSet<&String> = decision.used.keys().chain(stored.keys()).collect();

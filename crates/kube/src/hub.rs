@@ -388,14 +388,7 @@ impl State {
         failures: u32,
     ) -> Phase {
         self.generation += 1;
-        let delay = if failures == 0 {
-            Duration::ZERO
-        } else {
-            Duration::from_secs(2)
-                .saturating_mul(1 << (failures - 1).min(16))
-                .min(Duration::from_secs(300))
-        };
-        let join = self.join(key, cluster, namespace, self.generation, delay);
+        let join = self.join(key, cluster, namespace, self.generation, join_retry(failures));
         self.joins.push(join);
         Phase::Joining {
             generation: self.generation,
@@ -564,10 +557,7 @@ impl State {
                 warn!(cluster = %s.cluster, resource = %key.0.object_count_name(), %error, failures, "listing a cluster's share failed; retrying");
                 s.sink.send(WatchItem::Failed("join_list", error.to_string()));
                 let (cluster, namespace) = (s.cluster.clone(), s.namespace.clone());
-                let delay = Duration::from_secs(2)
-                    .saturating_mul(1 << (failures - 1).min(16))
-                    .min(Duration::from_secs(300));
-                let join = self.join(key, &cluster, namespace, generation, delay);
+                let join = self.join(key, &cluster, namespace, generation, join_retry(failures));
                 self.joins.push(join);
             }
         }
@@ -654,6 +644,21 @@ fn route(entry: &mut Shared, object: &PartialObjectMeta<DynamicObject>, delete: 
             // subscriber lists again once caught up.
             Phase::Relisting | Phase::Overflowed => {}
         }
+    }
+}
+
+/// How long a join list waits after `failures` failed ones: none at first, then 2 s doubling
+/// up to 5 minutes.
+fn join_retry(failures: u32) -> Duration {
+    doubling(Duration::from_secs(2), failures, Duration::from_secs(300))
+}
+
+/// `first` after the first failure, twice as long after each further one, at most `max`;
+/// nothing before any failure (shared by the hub's join lists and kcp's controller restarts).
+pub(crate) fn doubling(first: Duration, failures: u32, max: Duration) -> Duration {
+    match failures {
+        0 => Duration::ZERO,
+        n => first.saturating_mul(1 << (n - 1).min(16)).min(max),
     }
 }
 

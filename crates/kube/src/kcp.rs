@@ -377,9 +377,7 @@ impl Restarts {
             Some((n, _)) if ran < Self::MAX => n.saturating_add(1),
             _ => 1,
         };
-        let wait = Self::FIRST
-            .saturating_mul(1 << (failures - 1).min(16))
-            .min(Self::MAX);
+        let wait = crate::hub::doubling(Self::FIRST, failures, Self::MAX);
         self.waiting.insert(cluster.clone(), (failures, now + wait));
         wait
     }
