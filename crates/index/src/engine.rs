@@ -6,21 +6,24 @@
 //! The controller (crates/kube) is the IO loop around it: it feeds watch events in and
 //! writes the decisions out. `lazyquota usage` feeds it one direct list instead.
 //!
-//! Stores: count-only objects in one `UsageStore<()>`; pods, services and PVCs watched for
-//! their projections in a store each. Which store a partition lives in follows the need of
+//! Stores: count-only objects in one `UsageStore<()>`; pods, services, PVCs and
+//! ResourceClaims watched for their projections in a store each; DeviceClasses (name and
+//! extended resource name) in one more, for the resourceclaims evaluator. Which store a partition lives in follows the need of
 //! the watch that fills it ([`store_kind`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use k8s_openapi::{api::core::v1::ResourceQuota, apimachinery::pkg::api::resource::Quantity as K8sQuantity};
 use lazyquota_quota::{
-    Evaluator, FeatureGates, PodProjection, PvcProjection, QuotaObject, QuotaScopes, QuotaSpec, Registry,
-    ResourceList, ServiceProjection, SpecProblem, StatusDecision, Time, assemble_status,
-    calculate_object_count_usage, calculate_usage, pod_update_triggers, pvc_update_triggers,
-    service_update_triggers,
+    ClaimProjection, DeviceClassMap, Evaluator, FeatureGates, PodProjection, PvcProjection, Quantity,
+    QuotaObject, QuotaScopes, QuotaSpec, Registry, ResourceList, ServiceProjection, SpecProblem,
+    StatusDecision, Time, assemble_status, calculate_object_count_usage, calculate_usage, claim_usage,
+    pod_update_triggers, pvc_update_triggers, service_update_triggers, verified_owner,
 };
 
 use crate::{
+    demand::device_classes,
     keys::{ALL_NAMESPACES, ClusterName, GroupResource, Need, QuotaKey},
     policy::{DemandChange, KCP_CLUSTER_SCOPED_ANNOTATION, PolicyIndex, QuotaPolicy, kcp_cluster_scoped},
     resolver::{Resolver, ResolverChange, ServedResource},
@@ -91,6 +94,10 @@ pub enum Projected {
     Service(ServiceProjection),
     /// A PVC's projection.
     Pvc(PvcProjection),
+    /// A ResourceClaim's projection.
+    Claim(ClaimProjection),
+    /// A DeviceClass: what the resourceclaims evaluator's mapping reads.
+    DeviceClass(DeviceClassEntry),
     /// The object could not be projected (the reason names the field and value); it is
     /// left out of sums and reported.
     Malformed(String),
@@ -107,6 +114,25 @@ pub enum StoreKind {
     Services,
     /// PVC projections.
     Pvcs,
+    /// ResourceClaim projections.
+    Claims,
+    /// DeviceClasses.
+    DeviceClasses,
+}
+
+/// A DeviceClass as the store keeps it: its name and `spec.extendedResourceName` (~40 B).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceClassEntry {
+    /// `metadata.name`.
+    pub name: Box<str>,
+    /// `spec.extendedResourceName`.
+    pub extended_resource_name: Option<Box<str>>,
+}
+
+impl HeapSize for DeviceClassEntry {
+    fn heap_bytes(&self) -> usize {
+        self.name.len() + self.extended_resource_name.as_deref().map_or(0, str::len)
+    }
 }
 
 /// The store that objects of `resource` watched with `need` go to.
@@ -115,6 +141,8 @@ pub fn store_kind(resource: &GroupResource, need: Need) -> StoreKind {
         (Need::Typed, "", "pods") => StoreKind::Pods,
         (Need::Typed, "", "services") => StoreKind::Services,
         (Need::Typed, "", "persistentvolumeclaims") => StoreKind::Pvcs,
+        (Need::Typed, "resource.k8s.io", "resourceclaims") => StoreKind::Claims,
+        (Need::Typed, "resource.k8s.io", "deviceclasses") => StoreKind::DeviceClasses,
         _ => StoreKind::Counts,
     }
 }
@@ -165,6 +193,8 @@ pub struct Engine {
     pods: UsageStore<PodProjection>,
     services: UsageStore<ServiceProjection>,
     pvcs: UsageStore<PvcProjection>,
+    claims: UsageStore<ClaimProjection>,
+    device_classes: UsageStore<DeviceClassEntry>,
 }
 
 /// Dispatches `$body` with `$s` bound to the store of kind `$kind`.
@@ -187,6 +217,14 @@ macro_rules! with_store {
                 let $s = &mut $self.pvcs;
                 $body
             }
+            StoreKind::Claims => {
+                let $s = &mut $self.claims;
+                $body
+            }
+            StoreKind::DeviceClasses => {
+                let $s = &mut $self.device_classes;
+                $body
+            }
         }
     };
 }
@@ -204,6 +242,8 @@ impl Engine {
             pods: UsageStore::new(),
             services: UsageStore::new(),
             pvcs: UsageStore::new(),
+            claims: UsageStore::new(),
+            device_classes: UsageStore::new(),
         }
     }
 
@@ -339,6 +379,8 @@ impl Engine {
             StoreKind::Pods => self.pods.holds(p),
             StoreKind::Services => self.services.holds(p),
             StoreKind::Pvcs => self.pvcs.holds(p),
+            StoreKind::Claims => self.claims.holds(p),
+            StoreKind::DeviceClasses => self.device_classes.holds(p),
         }
     }
 
@@ -391,6 +433,8 @@ impl Engine {
             StoreKind::Pods => typed!(self.pods, Projected::Pod),
             StoreKind::Services => typed!(self.services, Projected::Service),
             StoreKind::Pvcs => typed!(self.pvcs, Projected::Pvc),
+            StoreKind::Claims => typed!(self.claims, Projected::Claim),
+            StoreKind::DeviceClasses => typed!(self.device_classes, Projected::DeviceClass),
         };
         filled.then_some(malformed)
     }
@@ -409,6 +453,10 @@ impl Engine {
             (StoreKind::Pods, Projected::Pod(o)) => self.pods.relist_apply(p, id, o),
             (StoreKind::Services, Projected::Service(o)) => self.services.relist_apply(p, id, o),
             (StoreKind::Pvcs, Projected::Pvc(o)) => self.pvcs.relist_apply(p, id, o),
+            (StoreKind::Claims, Projected::Claim(o)) => self.claims.relist_apply(p, id, o),
+            (StoreKind::DeviceClasses, Projected::DeviceClass(o)) => {
+                self.device_classes.relist_apply(p, id, o)
+            }
             (kind, object) => return Some(format!("{object:?} does not belong in the {kind:?} store")),
         }
         None
@@ -450,6 +498,19 @@ impl Engine {
                 Change::Updated(old) => pvc_update_triggers(&old, &new),
                 _ => true,
             },
+            // Upstream's update filter never replenishes on a claim update (its spec is
+            // immutable).
+            (StoreKind::Claims, Projected::Claim(new)) => {
+                !matches!(self.claims.apply(p, id, new), Change::Updated(_))
+            }
+            // Not a quota monitor upstream (its mapping is read at the next sync); here a
+            // changed mapping recomputes the quotas that read it.
+            (StoreKind::DeviceClasses, Projected::DeviceClass(new)) => {
+                match self.device_classes.apply(p, id, new.clone()) {
+                    Change::Updated(old) => old != new,
+                    _ => true,
+                }
+            }
             (kind, object) => {
                 return Applied::Malformed(format!("{object:?} does not belong in the {kind:?} store"));
             }
@@ -508,6 +569,20 @@ impl Engine {
                 .filter(matches)
                 .cloned()
                 .collect(),
+            StoreKind::Claims => self
+                .claims
+                .partition_stats()
+                .map(|(p, _, _)| p)
+                .filter(matches)
+                .cloned()
+                .collect(),
+            StoreKind::DeviceClasses => self
+                .device_classes
+                .partition_stats()
+                .map(|(p, _, _)| p)
+                .filter(matches)
+                .cloned()
+                .collect(),
         }
     }
 
@@ -523,6 +598,10 @@ impl Engine {
         self.pods.partition_stats().for_each(|(p, n, b)| add(p, n, b));
         self.services.partition_stats().for_each(|(p, n, b)| add(p, n, b));
         self.pvcs.partition_stats().for_each(|(p, n, b)| add(p, n, b));
+        self.claims.partition_stats().for_each(|(p, n, b)| add(p, n, b));
+        self.device_classes
+            .partition_stats()
+            .for_each(|(p, n, b)| add(p, n, b));
         held
     }
 
@@ -542,23 +621,34 @@ impl Engine {
             &fallback
         };
         let hard_keys: Vec<&str> = state.spec.hard_keys.iter().map(String::as_str).collect();
-        let plan = registry.plan(&hard_keys);
+        // The DeviceClasses, when this quota reads them; `None` while they are not synced.
+        let classes = if entry.demands().contains_key(&device_classes()) {
+            self.device_class_map(&key.cluster)
+        } else {
+            Some(DeviceClassMap::new())
+        };
+        let plan = registry.plan_with_classes(&hard_keys, classes.as_ref());
         let mut scope_errors = Vec::new();
         let results: Vec<(Evaluator, Option<ResourceList>)> = plan
             .per_evaluator
             .iter()
             .map(|(evaluator, keys)| {
                 let need = entry.demands().get(&evaluator.group_resource()).copied();
-                let used = self.evaluate(
-                    key,
-                    entry.demand_namespace(),
-                    need,
-                    evaluator,
-                    keys,
-                    &state.spec.scopes,
-                    now,
-                    &mut scope_errors,
-                );
+                let used = match (evaluator, need) {
+                    (Evaluator::ResourceClaims, Some(Need::Typed)) => classes.as_ref().and_then(|classes| {
+                        self.claims_usage(key, entry.demand_namespace(), keys, &plan.matched, classes, now)
+                    }),
+                    _ => self.evaluate(
+                        key,
+                        entry.demand_namespace(),
+                        need,
+                        evaluator,
+                        keys,
+                        &state.spec.scopes,
+                        now,
+                        &mut scope_errors,
+                    ),
+                };
                 (evaluator.clone(), used)
             })
             .collect();
@@ -608,7 +698,7 @@ impl Engine {
     fn evaluate(
         &self,
         quota: &QuotaKey,
-        namespace: &std::sync::Arc<str>,
+        namespace: &Arc<str>,
         need: Option<Need>,
         evaluator: &Evaluator,
         keys: &[String],
@@ -625,7 +715,8 @@ impl Engine {
         };
         let none: [&PodProjection; 0] = [];
         match (need, evaluator) {
-            (_, Evaluator::ResourceClaims) => None,
+            // Computed by `claims_usage`; a claim count alone is counted like any other.
+            (Some(Need::Typed), Evaluator::ResourceClaims) => None,
             // Nothing demanded: the scopes exclude every object, so the value is 0.
             (None, Evaluator::ObjectCount(_)) => Some(calculate_object_count_usage(keys, scopes, 0)),
             (None, _) => Some(calculate_usage(keys, scopes, none, now, gates).used),
@@ -634,7 +725,8 @@ impl Engine {
                 let count = synced_len(&self.counts, &p)
                     .or_else(|| synced_len(&self.pods, &p))
                     .or_else(|| synced_len(&self.services, &p))
-                    .or_else(|| synced_len(&self.pvcs, &p))?;
+                    .or_else(|| synced_len(&self.pvcs, &p))
+                    .or_else(|| synced_len(&self.claims, &p))?;
                 Some(calculate_object_count_usage(keys, scopes, count as u64))
             }
             (Some(Need::Typed), Evaluator::Pods) => {
@@ -652,6 +744,83 @@ impl Engine {
                 synced_len(&self.counts, &p)? as u64,
             )),
         }
+    }
+}
+
+impl Engine {
+    /// The DeviceClasses of `cluster` as the resourceclaims evaluator maps them, if their
+    /// (cluster-wide) watch is synced.
+    fn device_class_map(&self, cluster: &ClusterName) -> Option<DeviceClassMap> {
+        let p = PartitionKey {
+            cluster: cluster.clone(),
+            resource: device_classes(),
+            namespace: Arc::from(ALL_NAMESPACES),
+        };
+        let partition = self.device_classes.partition(&p).filter(|x| x.is_synced())?;
+        let mut map = DeviceClassMap::new();
+        for class in partition.objects().values() {
+            map.apply(&class.name, class.extended_resource_name.as_deref());
+        }
+        Some(map)
+    }
+
+    /// The resourceclaims evaluator's `CalculateUsageStats` in `namespace`: `keys` (the ones it
+    /// matches) start at 0, and each claim's usage is added to every key of `matched` (the
+    /// quota's keys any evaluator matches) — upstream sums an evaluator's whole usage and
+    /// masks it with `matched` only after adding the evaluators up, so a claim also charges a
+    /// `requests.deviceclass.resource.kubernetes.io/<class>` key that only the pods evaluator
+    /// matched. `None` while the claims (or, for an extended-resource claim, the pods) of the
+    /// namespace are not synced.
+    fn claims_usage(
+        &self,
+        quota: &QuotaKey,
+        namespace: &Arc<str>,
+        keys: &[String],
+        matched: &[String],
+        classes: &DeviceClassMap,
+        now: Time,
+    ) -> Option<ResourceList> {
+        let gates = self.gates;
+        let p = PartitionKey {
+            cluster: quota.cluster.clone(),
+            resource: GroupResource::new("resource.k8s.io", "resourceclaims"),
+            namespace: namespace.clone(),
+        };
+        let claims = self.claims.partition(&p).filter(|x| x.is_synced())?;
+        let pods_key = PartitionKey {
+            resource: GroupResource::core("pods"),
+            ..p.clone()
+        };
+        let pods = self.pods.partition(&pods_key);
+        let all = &**namespace == ALL_NAMESPACES;
+        let mut used: ResourceList = keys
+            .iter()
+            .map(|k| (k.clone(), Quantity::zero(lazyquota_quota::Format::DecimalSI)))
+            .collect();
+        for claim in claims.objects().values() {
+            let pod_usage = match claim.owner() {
+                Some(owner) if gates.dra_extended_resource => match pods {
+                    // The pods are not watched here: no key of this quota is charged by both
+                    // a pod and its claim, so nothing is offset.
+                    None => None,
+                    Some(pods) if !pods.is_synced() => return None,
+                    Some(pods) => {
+                        let pod = pods.objects().get(owner.pod_id(all));
+                        let identity = pod.and_then(PodProjection::claim_identity);
+                        verified_owner(claim, identity, claims.objects().values(), gates)
+                            .then(|| pod.map(|pod| pod.usage(now)))
+                            .flatten()
+                    }
+                },
+                _ => None,
+            };
+            for (name, q) in claim_usage(claim, gates, classes, pod_usage.as_ref()) {
+                if matched.contains(&name) {
+                    *used.entry(name).or_default() += q;
+                }
+            }
+        }
+        Some(used)
     }
 }
 
@@ -886,5 +1055,171 @@ mod tests {
         let mut scoped = quota(&[("pods", "2")], Some(&[("pods", "2")]));
         scoped.spec.as_mut().unwrap().scopes = Some(vec!["BestEffort".into()]);
         assert_eq!(apply(&mut engine, &scoped), (true, false), "scopes");
+    }
+
+    fn fill<F: FnOnce(&mut Engine, &PartitionKey)>(
+        engine: &mut Engine,
+        kind: StoreKind,
+        p: &PartitionKey,
+        objects: F,
+    ) {
+        engine.hold(kind, p.clone());
+        engine.begin_relist(kind, p);
+        objects(engine, p);
+        engine.finish_relist(kind, p);
+    }
+
+    fn claim(json: serde_json::Value) -> Projected {
+        let claim: k8s_openapi::api::resource::v1::ResourceClaim = serde_json::from_value(json).unwrap();
+        Projected::Claim(ClaimProjection::from_claim(
+            &claim,
+            &lazyquota_quota::Interner::new(),
+            &object_id,
+        ))
+    }
+
+    fn gpu_claim(name: &str, count: i64, owner: Option<(&str, &str)>) -> Projected {
+        let mut metadata = serde_json::json!({"name": name, "namespace": "ns",
+            "creationTimestamp": "2026-01-01T00:00:00Z"});
+        if let Some((pod, uid)) = owner {
+            metadata["annotations"] =
+                serde_json::json!({"resource.kubernetes.io/extended-resource-claim": "true"});
+            metadata["ownerReferences"] = serde_json::json!([{"apiVersion": "v1", "kind": "Pod",
+                "name": pod, "uid": uid, "controller": true}]);
+        }
+        claim(
+            serde_json::json!({"metadata": metadata, "spec": {"devices": {"requests": [
+            {"name": "r", "exactly": {"deviceClassName": "gpu", "allocationMode": "ExactCount", "count": count}}]}}}),
+        )
+    }
+
+    #[test]
+    fn resource_claims_are_computed_with_device_classes_and_their_pods() {
+        let cluster = ClusterName::new("c");
+        let gates = FeatureGates::for_minor(36);
+        let mut engine = Engine::new(gates);
+        let key = QuotaKey::new(&cluster, "ns", "q");
+        let q = quota(
+            &[
+                ("count/resourceclaims.resource.k8s.io", "10"),
+                ("gpu.deviceclass.resource.k8s.io/devices", "10"),
+                ("requests.example.com/gpu", "10"),
+                ("requests.deviceclass.resource.kubernetes.io/gpu", "10"),
+            ],
+            Some(&[]),
+        );
+        let update = engine.apply_quota(key.clone(), &q);
+        let demanded: BTreeSet<(String, String, Option<Need>)> = update
+            .changes
+            .iter()
+            .map(|c| (c.resource.object_count_name(), c.namespace.to_string(), c.to))
+            .collect();
+        assert_eq!(
+            demanded,
+            [
+                ("count/pods".to_owned(), "ns".to_owned(), Some(Need::Typed)),
+                (
+                    "count/resourceclaims.resource.k8s.io".into(),
+                    "ns".into(),
+                    Some(Need::Typed)
+                ),
+                (
+                    "count/deviceclasses.resource.k8s.io".into(),
+                    ALL_NAMESPACES.into(),
+                    Some(Need::Typed)
+                ),
+            ]
+            .into(),
+            "claims and pods typed in the namespace, DeviceClasses cluster-wide"
+        );
+        let now = Time::from_unix_seconds(0);
+        let part = |resource: GroupResource, ns: &str| PartitionKey {
+            cluster: cluster.clone(),
+            resource,
+            namespace: ns.into(),
+        };
+        let claims = part(GroupResource::new("resource.k8s.io", "resourceclaims"), "ns");
+        fill(&mut engine, StoreKind::Claims, &claims, |e, p| {
+            e.relist_apply(StoreKind::Claims, p, object_id("a"), gpu_claim("a", 2, None));
+            e.relist_apply(
+                StoreKind::Claims,
+                p,
+                object_id("b"),
+                gpu_claim("b", 3, Some(("p", "uid-p"))),
+            );
+        });
+        let pods = part(GroupResource::core("pods"), "ns");
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "uid": "uid-p"},
+            "spec": {"containers": [{"name": "c", "resources": {"requests": {"example.com/gpu": "1"}, "limits": {"example.com/gpu": "1"}}}]},
+            "status": {"phase": "Running"}}))
+        .unwrap();
+        let pod = PodProjection::from_pod(&pod, gates, &lazyquota_quota::Interner::new()).projection;
+        fill(&mut engine, StoreKind::Pods, &pods, |e, p| {
+            e.relist_apply(StoreKind::Pods, p, object_id("p"), Projected::Pod(pod));
+        });
+        let computed = engine.compute(&key, now).unwrap();
+        assert!(
+            computed
+                .uncomputed
+                .contains(&"requests.example.com/gpu".to_owned()),
+            "DeviceClasses not synced yet: {:?}",
+            computed.uncomputed
+        );
+        let classes = part(device_classes(), ALL_NAMESPACES);
+        fill(&mut engine, StoreKind::DeviceClasses, &classes, |e, p| {
+            let gpu = DeviceClassEntry {
+                name: "gpu".into(),
+                extended_resource_name: Some("example.com/gpu".into()),
+            };
+            e.relist_apply(
+                StoreKind::DeviceClasses,
+                p,
+                object_id("/gpu"),
+                Projected::DeviceClass(gpu),
+            );
+        });
+        let used = engine.compute(&key, now).unwrap().decision.used;
+        let get = |k: &str| used.get(k).map(|q| q.0.clone());
+        assert_eq!(get("count/resourceclaims.resource.k8s.io").as_deref(), Some("2"));
+        assert_eq!(
+            get("gpu.deviceclass.resource.k8s.io/devices").as_deref(),
+            Some("5")
+        );
+        // The pod charges 1 example.com/gpu itself; its verified claim (3 devices) adds 3 - 1.
+        assert_eq!(
+            get("requests.example.com/gpu").as_deref(),
+            Some("5"),
+            "1 (pod) + 2 (a) + 2 (b beyond its pod)"
+        );
+        assert_eq!(
+            get("requests.deviceclass.resource.kubernetes.io/gpu").as_deref(),
+            Some("5"),
+            "the pod does not charge the implicit name: both claims in full"
+        );
+
+        // A DeviceClass change recomputes the quotas that read it.
+        assert_eq!(
+            engine
+                .index
+                .dirtied_by(&cluster, ALL_NAMESPACES, &device_classes()),
+            vec![key.clone()]
+        );
+        // Without the mapping, requests.example.com/gpu is the pod's alone.
+        assert_eq!(
+            engine.delete(StoreKind::DeviceClasses, &classes, object_id("/gpu")),
+            Applied::Replenish
+        );
+        let used = engine.compute(&key, now).unwrap().decision.used;
+        assert_eq!(
+            used.get("requests.example.com/gpu").map(|q| q.0.as_str()),
+            Some("1")
+        );
+        assert_eq!(
+            used.get("requests.deviceclass.resource.kubernetes.io/gpu")
+                .map(|q| q.0.as_str()),
+            Some("5"),
+            "still charged by the claims evaluator's usage, which only the pods evaluator matched"
+        );
     }
 }

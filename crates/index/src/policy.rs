@@ -21,7 +21,7 @@ use std::{
 use lazyquota_quota::{FeatureGates, QuotaScopes};
 
 use crate::{
-    demand::{needs, replenished_by},
+    demand::{is_cluster_wide, needs, replenished_by},
     keys::{ALL_NAMESPACES, ClusterName, GroupResource, Need, QuotaKey},
 };
 
@@ -253,11 +253,18 @@ impl<T> PolicyIndex<T> {
         changes: &mut Vec<DemandChange>,
     ) {
         let resources: BTreeSet<&GroupResource> = old.keys().chain(new.keys()).collect();
+        let all_namespaces: Arc<str> = Arc::from(ALL_NAMESPACES);
         for resource in resources {
             let (was, will) = (old.get(resource), new.get(resource));
             if was == will {
                 continue;
             }
+            // A cluster-wide resource is demanded for every namespace at once.
+            let namespace = if is_cluster_wide(resource) {
+                &all_namespaces
+            } else {
+                namespace
+            };
             let namespaces = self
                 .demand
                 .entry((cluster.clone(), resource.clone()))
@@ -366,6 +373,9 @@ impl<T> PolicyIndex<T> {
         namespace: &str,
         resource: &GroupResource,
     ) -> Vec<QuotaKey> {
+        if is_cluster_wide(resource) {
+            return self.demanding(cluster, resource);
+        }
         // kcp's cluster-scoped quotas count objects of every namespace.
         let everywhere = (namespace != ALL_NAMESPACES)
             .then(|| self.in_namespace(cluster, ALL_NAMESPACES))
@@ -386,12 +396,31 @@ impl<T> PolicyIndex<T> {
     /// quotas to recompute when that resource's watch becomes synced. Only the namespaces
     /// that demand the resource are looked at.
     pub fn computing(&self, cluster: &ClusterName, resource: &GroupResource) -> Vec<QuotaKey> {
+        if is_cluster_wide(resource) {
+            return self.demanding(cluster, resource);
+        }
         let Some(namespaces) = self.demand.get(&(cluster.clone(), resource.clone())) else {
             return Vec::new();
         };
         namespaces
             .keys()
             .flat_map(|ns| self.in_namespace(cluster, ns))
+            .filter(|k| {
+                self.quotas
+                    .get(*k)
+                    .is_some_and(|e| e.demands.contains_key(resource))
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Every quota of `cluster` that demands `resource`, in any namespace (a scan of the
+    /// cluster's quotas: only for cluster-wide resources, whose demand has no namespaces).
+    fn demanding(&self, cluster: &ClusterName, resource: &GroupResource) -> Vec<QuotaKey> {
+        self.by_namespace
+            .get(cluster)
+            .into_iter()
+            .flat_map(|n| n.values().flatten())
             .filter(|k| {
                 self.quotas
                     .get(*k)

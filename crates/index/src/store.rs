@@ -49,6 +49,12 @@ impl HeapSize for lazyquota_quota::PvcProjection {
     }
 }
 
+impl HeapSize for lazyquota_quota::ClaimProjection {
+    fn heap_bytes(&self) -> usize {
+        lazyquota_quota::ClaimProjection::heap_bytes(self)
+    }
+}
+
 /// A partition: one resource in one namespace of one cluster.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
 pub struct PartitionKey {

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 
+use crate::claim::{DeviceClassMap, claim_matches_key};
 use crate::gates::FeatureGates;
 use crate::names::{
     COUNT_PERSISTENT_VOLUME_CLAIMS, COUNT_PODS, COUNT_RESOURCE_CLAIMS, COUNT_SERVICES, CPU,
@@ -49,8 +50,8 @@ pub enum Evaluator {
     Services,
     /// `core/persistentvolumeclaims`.
     PersistentVolumeClaims,
-    /// `resource.k8s.io/resourceclaims`, registered with `DynamicResourceAllocation`.
-    /// Classified only: this crate does not compute its usage.
+    /// `resource.k8s.io/resourceclaims`, registered with `DynamicResourceAllocation`
+    /// ([`crate::claim`]).
     ResourceClaims,
     /// `generic.objectCountEvaluator` for a resource: `count/<r>[.<g>]`, plus the legacy bare
     /// alias for configmaps, secrets, replicationcontrollers and resourcequotas.
@@ -95,8 +96,8 @@ impl Evaluator {
     ///
     /// Pods: the fixed names, then (in input order) `hugepages-*`, `requests.hugepages-*` and
     /// `requests.<extended>`; never `limits.hugepages-*`, `limits.<ext>` or a bare `<ext>`.
-    /// The resourceclaims evaluator cannot see DeviceClass mappings here, so a `requests.<ext>`
-    /// name that only a DeviceClass maps is not reported for it.
+    /// The resourceclaims evaluator cannot see DeviceClass mappings here: it reports every
+    /// name it could match.
     pub fn matching_resources<S: AsRef<str>>(&self, input: &[S], gates: FeatureGates) -> Vec<String> {
         match self {
             Self::Pods => {
@@ -105,7 +106,7 @@ impl Evaluator {
                     if name.starts_with(HUGEPAGES_PREFIX) || name.starts_with(REQUESTS_HUGEPAGES_PREFIX) {
                         result.push(name.to_owned());
                     }
-                    if is_extended_resource_name_for_quota(name) {
+                    if is_extended_resource_name_for_quota(name, gates.minor) {
                         result.push(name.to_owned());
                     }
                 }
@@ -126,13 +127,17 @@ impl Evaluator {
                 })
                 .map(str::to_owned)
                 .collect(),
+            // Without the DeviceClasses: every name it could match (see `claim_matches_key`
+            // for the exact rule, which `Registry::plan_with_classes` applies).
             Self::ResourceClaims => input
                 .iter()
                 .map(AsRef::as_ref)
                 .filter(|name| {
                     *name == COUNT_RESOURCE_CLAIMS
                         || name.ends_with(DEVICE_CLASS_DEVICES_SUFFIX)
-                        || (gates.dra_extended_resource && name.starts_with(REQUESTS_DEVICE_CLASS_PREFIX))
+                        || (gates.dra_extended_resource
+                            && (name.starts_with(REQUESTS_DEVICE_CLASS_PREFIX)
+                                || is_extended_resource_name_for_quota(name, gates.minor)))
                 })
                 .map(str::to_owned)
                 .collect(),
@@ -220,7 +225,7 @@ pub enum Projection {
     Service,
     /// A [`crate::pvc::PvcProjection`].
     PersistentVolumeClaim,
-    /// A resource claim (not supported by this crate).
+    /// A [`crate::claim::ClaimProjection`].
     ResourceClaim,
 }
 
@@ -264,6 +269,7 @@ pub fn plan_key(key: &str, scopes: &QuotaScopes, gates: FeatureGates) -> KeyPlan
                 Projection::Metadata
             }
             Evaluator::PersistentVolumeClaims => Projection::PersistentVolumeClaim,
+            Evaluator::ResourceClaims if key == COUNT_RESOURCE_CLAIMS => Projection::Metadata,
             Evaluator::ResourceClaims => Projection::ResourceClaim,
             Evaluator::ObjectCount(_) => Projection::Metadata,
         };
@@ -327,17 +333,41 @@ impl Registry {
 
     /// First half of `quota.CalculateUsage`: the hard keys some evaluator matches, and for each
     /// evaluator matching any of them, the keys it must compute (`UsageStatsOptions.Resources`).
+    /// The resourceclaims evaluator is given every name it could match (no DeviceClasses).
     pub fn plan<S: AsRef<str>>(&self, hard_keys: &[S]) -> UsagePlan {
+        self.plan_with_classes(hard_keys, None)
+    }
+
+    /// [`Registry::plan`] with the cluster's DeviceClasses, so the resourceclaims evaluator
+    /// matches exactly what upstream's does.
+    pub fn plan_with_classes<S: AsRef<str>>(
+        &self,
+        hard_keys: &[S],
+        classes: Option<&DeviceClassMap>,
+    ) -> UsagePlan {
+        let gates = self.gates;
+        let matching = |evaluator: &Evaluator, input: &[&str]| -> Vec<String> {
+            match (evaluator, classes) {
+                (Evaluator::ResourceClaims, Some(classes)) => input
+                    .iter()
+                    .filter(|k| claim_matches_key(k, gates, classes))
+                    .map(|k| (*k).to_owned())
+                    .collect(),
+                _ => evaluator.matching_resources(input, gates),
+            }
+        };
+        let hard_keys: Vec<&str> = hard_keys.iter().map(AsRef::as_ref).collect();
         let evaluators = self.evaluators();
         let mut potential: Vec<String> = Vec::new();
         for evaluator in &evaluators {
-            potential.extend(evaluator.matching_resources(hard_keys, self.gates));
+            potential.extend(matching(evaluator, &hard_keys));
         }
         let potential: Vec<&str> = potential.iter().map(String::as_str).collect();
-        let matched = intersection(hard_keys, &potential);
+        let matched = intersection(&hard_keys, &potential);
+        let matched_refs: Vec<&str> = matched.iter().map(String::as_str).collect();
         let mut per_evaluator = Vec::new();
         for evaluator in evaluators {
-            let keys = evaluator.matching_resources(&matched, self.gates);
+            let keys = matching(&evaluator, &matched_refs);
             if !keys.is_empty() {
                 per_evaluator.push((evaluator, keys));
             }

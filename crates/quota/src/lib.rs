@@ -7,7 +7,8 @@
 //! 2. [`Registry::plan`] picks the evaluators and the keys each computes
 //!    (`quota.CalculateUsage`, first half).
 //! 3. Per evaluator, [`calculate_usage`] over the namespace's projections
-//!    ([`PodProjection`], [`ServiceProjection`], [`PvcProjection`]) or
+//!    ([`PodProjection`], [`ServiceProjection`], [`PvcProjection`]), [`claim_usage`] over
+//!    [`ClaimProjection`]s with the cluster's [`DeviceClassMap`], or
 //!    [`calculate_object_count_usage`] for metadata-only counts (`CalculateUsageStats`).
 //! 4. [`UsagePlan::merge`] sums them and drops the keys of failed evaluators.
 //! 5. [`assemble_status`] decides the new `status` and whether to write it.
@@ -15,6 +16,7 @@
 //! [`plan_key`] tells an index what to watch for a key; the `*_update_triggers` functions are
 //! upstream's update filter.
 
+pub mod claim;
 pub mod evaluator;
 pub mod gates;
 pub mod intern;
@@ -30,6 +32,7 @@ pub mod time;
 pub mod update_filter;
 pub mod usage;
 
+pub use claim::{ClaimProjection, DeviceClassMap, claim_matches_key, claim_usage, verified_owner};
 pub use evaluator::{
     Evaluator, KeyPlan, Projection, Registry, UsagePlan, WatchNeed, calculate_object_count_usage,
     evaluator_for_resource, evaluators_for_key, plan_key,
@@ -37,7 +40,7 @@ pub use evaluator::{
 pub use gates::FeatureGates;
 pub use intern::Interner;
 pub use names::{GroupResource, QuotaResourceName, classify};
-pub use pod::{ExtractError, Extracted, PodProjection};
+pub use pod::{ExtractError, Extracted, PodClaimIdentity, PodProjection};
 pub use pvc::PvcProjection;
 pub use quantity::{CompactQuantity, Format, Quantity, QuantityError};
 pub use scope::{QuotaScopes, ScopeError, ScopeName, ScopeOperator, ScopeRequirement};

@@ -198,18 +198,18 @@ pub fn is_extended_resource_name(name: &str) -> bool {
     is_qualified_name(&format!("{REQUESTS_PREFIX}{name}"))
 }
 
-/// `schedutil.IsDRAExtendedResourceName`: an extended resource or an implicit
-/// `deviceclass.resource.kubernetes.io/<class>` one. Pod requests of these map to
-/// `requests.<name>` in quota.
-pub fn is_dra_extended_resource_name(name: &str) -> bool {
-    is_extended_resource_name(name) || name.starts_with(DEVICE_CLASS_RESOURCE_PREFIX)
+/// `schedutil.IsDRAExtendedResourceName` (pods evaluator from 1.35): an extended resource or
+/// an implicit `deviceclass.resource.kubernetes.io/<class>` one; before 1.35 only
+/// `helper.IsExtendedResourceName`. Pod requests of these map to `requests.<name>` in quota.
+pub fn is_dra_extended_resource_name(name: &str, minor: u16) -> bool {
+    is_extended_resource_name(name) || (minor >= 35 && name.starts_with(DEVICE_CLASS_RESOURCE_PREFIX))
 }
 
-/// `isExtendedResourceNameForQuota` (pods evaluator): `requests.` names that are not native,
-/// or that use the implicit device-class prefix.
-pub fn is_extended_resource_name_for_quota(name: &str) -> bool {
+/// `isExtendedResourceNameForQuota` (pods and resourceclaims evaluators): `requests.` names
+/// that are not native, or (from 1.35) that use the implicit device-class prefix.
+pub fn is_extended_resource_name_for_quota(name: &str, minor: u16) -> bool {
     let non_native = !is_native_resource(name);
-    let implicit = name.starts_with(REQUESTS_DEVICE_CLASS_PREFIX);
+    let implicit = minor >= 35 && name.starts_with(REQUESTS_DEVICE_CLASS_PREFIX);
     (non_native || implicit) && name.starts_with(REQUESTS_PREFIX)
 }
 

@@ -506,8 +506,28 @@ fn status_key(kind: u8, name: &str) -> u64 {
     hasher.finish()
 }
 
-/// Requests of hugepages and extended resources: interned name and quantity.
-type ExtendedRequests = Option<Box<[(Arc<str>, CompactQuantity)]>>;
+/// Requests of hugepages and extended resources (interned name and quantity), and, for a pod
+/// that has them, what a DRA extended-resource claim is checked against: one allocation, only
+/// for pods that request such resources.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Extended {
+    requests: Box<[(Arc<str>, CompactQuantity)]>,
+    /// `metadata.uid`.
+    uid: Box<str>,
+    /// `status.extendedResourceClaimStatus.resourceClaimName`, when set.
+    claim: Option<Box<str>>,
+}
+
+type ExtendedRequests = Option<Box<Extended>>;
+
+/// What a ResourceClaim's pod owner is checked against (upstream's `getVerifiedPodUsage`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PodClaimIdentity<'a> {
+    /// The pod's `metadata.uid`.
+    pub uid: &'a str,
+    /// `status.extendedResourceClaimStatus.resourceClaimName`, when the status is set.
+    pub extended_resource_claim: Option<&'a str>,
+}
 
 /// Indexes of the three compute resources in [`PodProjection`]'s fixed slots.
 const COMPUTE: [(&str, &str, &str); 3] = [
@@ -561,7 +581,7 @@ impl PodProjection {
         let slot = |list: &List, name: &str| list.get(name).map(|q| CompactQuantity::from(q.clone()));
         let mut extended = Vec::new();
         for (name, q) in &requests {
-            if is_hugepages_resource(name) || is_dra_extended_resource_name(name) {
+            if is_hugepages_resource(name) || is_dra_extended_resource_name(name, gates.minor) {
                 extended.push((interner.intern(name), CompactQuantity::from(q.clone())));
             }
         }
@@ -612,7 +632,15 @@ impl PodProjection {
         let projection = Self {
             requests: COMPUTE.map(|(name, _, _)| slot(&requests, name)),
             limits: COMPUTE.map(|(name, _, _)| slot(&limits, name)),
-            extended_requests: (!extended.is_empty()).then(|| extended.into_boxed_slice()),
+            extended_requests: (!extended.is_empty()).then(|| {
+                Box::new(Extended {
+                    requests: extended.into_boxed_slice(),
+                    uid: metadata.uid.as_deref().unwrap_or_default().into(),
+                    claim: status
+                        .and_then(|s| s.extended_resource_claim_status.as_ref())
+                        .map(|c| c.resource_claim_name.as_str().into()),
+                })
+            }),
             priority_class: spec
                 .and_then(|s| s.priority_class_name.as_deref())
                 .filter(|p| !p.is_empty())
@@ -659,9 +687,8 @@ impl PodProjection {
         if let Some(i) = COMPUTE.iter().position(|(name, _, _)| *name == resource) {
             return self.requests[i].as_ref().map(CompactQuantity::get);
         }
-        self.extended_requests
+        self.extended_requests()
             .iter()
-            .flatten()
             .find(|(name, _)| &**name == resource)
             .map(|(_, q)| q.get())
     }
@@ -687,6 +714,19 @@ impl PodProjection {
         })
     }
 
+    fn extended_requests(&self) -> &[(Arc<str>, CompactQuantity)] {
+        self.extended_requests.as_deref().map_or(&[], |e| &e.requests)
+    }
+
+    /// The pod's identity for a DRA extended-resource claim it may own; `None` for a pod
+    /// without extended-resource requests (its usage of them is 0, so no claim is offset).
+    pub fn claim_identity(&self) -> Option<PodClaimIdentity<'_>> {
+        self.extended_requests.as_deref().map(|e| PodClaimIdentity {
+            uid: &e.uid,
+            extended_resource_claim: e.claim.as_deref(),
+        })
+    }
+
     /// Heap bytes owned by this projection. Interned strings are shared through the
     /// [`Interner`] and not counted.
     pub fn heap_bytes(&self) -> usize {
@@ -698,7 +738,11 @@ impl PodProjection {
             .map(CompactQuantity::heap_bytes)
             .sum::<usize>();
         let extended = self.extended_requests.as_deref().map_or(0, |e| {
-            std::mem::size_of_val(e) + e.iter().map(|(_, q)| q.heap_bytes()).sum::<usize>()
+            size_of::<Extended>()
+                + std::mem::size_of_val(&*e.requests)
+                + e.requests.iter().map(|(_, q)| q.heap_bytes()).sum::<usize>()
+                + e.uid.len()
+                + e.claim.as_deref().map_or(0, str::len)
         });
         let statuses = self.status_resources.as_deref().map_or(0, std::mem::size_of_val);
         compact + extended + statuses
@@ -747,7 +791,7 @@ impl QuotaObject for PodProjection {
                 emit(UsageKey::name(limits_name), q.get());
             }
         }
-        for (name, q) in self.extended_requests.iter().flatten() {
+        for (name, q) in self.extended_requests() {
             if is_hugepages_resource(name) {
                 emit(UsageKey::name(name), q.get());
             }

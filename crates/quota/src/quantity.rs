@@ -305,6 +305,27 @@ impl Quantity {
         }
     }
 
+    /// `Quantity.Sub`, exact at any size, with the same zero-adopts-format rule as
+    /// [`Quantity::add`]; unknown if either side is.
+    #[must_use]
+    pub fn sub(&self, other: &Self) -> Self {
+        let format = if self.is_zero() { other.format } else { self.format };
+        let amount = match (self.amount.to_big(), other.amount.to_big()) {
+            (Some(a), Some(b)) => Amount::from_big(a - b),
+            _ => Amount::Unknown,
+        };
+        Self { amount, format }
+    }
+
+    /// Whether the value is greater than zero (`Cmp(0) > 0`); `None` if unknown.
+    pub fn is_positive(&self) -> Option<bool> {
+        match &self.amount {
+            Amount::Nanos(n) => Some(*n > 0),
+            Amount::Big(b) => Some(b.sign() == Sign::Plus),
+            Amount::Unknown => None,
+        }
+    }
+
     /// The larger value, keeping `self` (and its format) on ties, like upstream
     /// `maxResourceList` which replaces only when the new value is strictly greater.
     #[must_use]

@@ -121,9 +121,10 @@ fn matching_resources_table() {
             vec!["count/widgets.example.io"],
         ),
         (
-            "resourceclaims evaluator (classified only)",
+            "resourceclaims evaluator without DeviceClasses: every name it could match",
             Evaluator::ResourceClaims,
             vec![
+                "requests.example.com/fpga",
                 "requests.deviceclass.resource.kubernetes.io/gpu",
                 "count/resourceclaims.resource.k8s.io",
                 "gpu.deviceclass.resource.k8s.io/devices",
@@ -197,7 +198,21 @@ fn classification_table() {
     assert!(!names::is_extended_resource_name("requests.nvidia.com/gpu"));
     assert!(!names::is_extended_resource_name("Nvidia.com/gpu"));
     assert!(names::is_dra_extended_resource_name(
-        "deviceclass.resource.kubernetes.io/gpu"
+        "deviceclass.resource.kubernetes.io/gpu",
+        35
+    ));
+    // Before 1.35 the implicit device-class names were native (kubernetes.io) names.
+    assert!(!names::is_dra_extended_resource_name(
+        "deviceclass.resource.kubernetes.io/gpu",
+        34
+    ));
+    assert!(names::is_extended_resource_name_for_quota(
+        "requests.deviceclass.resource.kubernetes.io/gpu",
+        35
+    ));
+    assert!(!names::is_extended_resource_name_for_quota(
+        "requests.deviceclass.resource.kubernetes.io/gpu",
+        34
     ));
     assert!(names::is_ignored_resource(&GroupResource::new(
         "events.k8s.io",
@@ -683,7 +698,8 @@ fn scope_error_returns_the_partial_sum() {
 fn projection_sizes() {
     use std::mem::size_of;
     assert_eq!(size_of::<Option<lazyquota_quota::CompactQuantity>>(), 16);
-    assert_eq!(size_of::<PodProjection>(), 176);
+    assert_eq!(size_of::<PodProjection>(), 168);
+    assert_eq!(size_of::<lazyquota_quota::ClaimProjection>(), 24);
     assert_eq!(size_of::<ServiceProjection>(), 8);
     assert_eq!(size_of::<PvcProjection>(), 48);
     // A typical running pod: two containers with cpu/memory requests and limits, a priority
