@@ -109,9 +109,71 @@ struct ClusterArgs {
     /// metadata watch serves them all (0: never share).
     #[arg(long, value_name = "N", default_value_t = 8)]
     kcp_shared_watch_threshold: usize,
+    /// Feature gates as KCM's flag of that name sets them (`Name=true,Name=false`), over the
+    /// defaults of each cluster's Kubernetes release (read from its /version). Only the gates
+    /// that change quota are known: InPlacePodVerticalScaling, PodLevelResources,
+    /// InPlacePodLevelResourcesVerticalScaling, VolumeAttributesClass,
+    /// DynamicResourceAllocation, DRAExtendedResource, DRANodeAllocatableResources.
+    #[arg(long, value_name = "GATES", value_parser = parse_feature_gates, default_value = "")]
+    feature_gates: FeatureGateOverrides,
+}
+
+/// `--feature-gates`, parsed (the names are checked against each cluster's release).
+#[derive(Clone, Debug, Default)]
+struct FeatureGateOverrides(Vec<(String, bool)>);
+
+fn parse_feature_gates(text: &str) -> Result<FeatureGateOverrides, String> {
+    lazyquota_quota::gates::parse_overrides(text)
+        .map(FeatureGateOverrides)
+        .map_err(|e| e.to_string())
 }
 
 impl ClusterArgs {
+    /// Reads each endpoint's version and sets its gates: the release's defaults, then
+    /// `--feature-gates`. An endpoint that cannot be reached keeps the newest defaults (with
+    /// the flag) and a warning; `single` makes that an error instead.
+    /// On kcp every logical cluster is of the shard's release: the first one is asked.
+    async fn set_gates(&self, endpoints: &mut [Endpoint], single: bool) -> anyhow::Result<()> {
+        let ask = if self.kcp_shard_url.is_some() {
+            endpoints.len().min(1)
+        } else {
+            endpoints.len()
+        };
+        for endpoint in &mut endpoints[..ask] {
+            let version = match endpoint.client.apiserver_version().await {
+                Ok(version) => {
+                    info!(cluster = %endpoint.name, version = %version.git_version, "connected");
+                    Some(version.git_version)
+                }
+                Err(error) if single => {
+                    return Err(anyhow::Error::from(error).context("cannot reach the kube-apiserver"));
+                }
+                Err(error) => {
+                    warn!(cluster = %endpoint.name, %error, "cannot reach the cluster yet (its controller keeps retrying); until its version is known, the newest release's feature gates apply");
+                    None
+                }
+            };
+            let (mut gates, fit) = match &version {
+                Some(v) => FeatureGates::for_version(v),
+                None => (FeatureGates::default(), lazyquota_quota::gates::VersionFit::Known),
+            };
+            if fit != lazyquota_quota::gates::VersionFit::Known {
+                warn!(cluster = %endpoint.name, "{fit}");
+            }
+            gates
+                .apply(&self.feature_gates.0)
+                .with_context(|| format!("--feature-gates for cluster {}", endpoint.name))?;
+            info!(cluster = %endpoint.name, release = %format!("1.{}", gates.minor), gates = %gates.describe(), "feature gates");
+            endpoint.gates = gates;
+        }
+        if let Some(first) = endpoints.first().map(|e| e.gates) {
+            for endpoint in &mut endpoints[ask..] {
+                endpoint.gates = first;
+            }
+        }
+        Ok(())
+    }
+
     fn source(&self) -> anyhow::Result<ClusterSource> {
         Ok(ClusterSource::from_flags(&ClusterFlags {
             kubeconfig: self.kubeconfig.as_deref(),
@@ -381,6 +443,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         // kcp: the home cluster carries the Lease and answers /metrics reviews; the logical
         // clusters served are found on the shard.
         Some(shard) => vec![Endpoint {
+            gates: FeatureGates::default(),
             name: ClusterName::new(&cluster.kcp_home_cluster),
             client: shard.cluster(&ClusterName::new(&cluster.kcp_home_cluster))?,
             workspace: None,
@@ -390,17 +453,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // One cluster: unreachable is a start-up error. Several (hosted control planes): one
     // that is down must not keep the others from being served; its controller retries.
     let single = endpoints.len() == 1 && shard.is_none();
-    for endpoint in &endpoints {
-        match endpoint.client.apiserver_version().await {
-            Ok(version) => info!(cluster = %endpoint.name, version = %version.git_version, "connected"),
-            Err(error) if single => {
-                return Err(anyhow::Error::from(error).context("cannot reach the kube-apiserver"));
-            }
-            Err(error) => {
-                warn!(cluster = %endpoint.name, %error, "cannot reach the cluster yet; its controller keeps retrying");
-            }
-        }
-    }
+    let mut endpoints = endpoints;
+    cluster.set_gates(&mut endpoints, single).await?;
 
     let identity = match &leader.leader_election_identity {
         Some(id) => id.clone(),
@@ -424,6 +478,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             StreamingLists::Off => Some(false),
         },
         quota_usage_metrics,
+        // kcp: every logical cluster of the shard is of the shard's release.
+        gates: endpoints[0].gates,
         ..Config::default()
     };
 
@@ -578,10 +634,14 @@ where
     let mut handles = Vec::with_capacity(endpoints.len());
     // A JoinSet: dropping this future (a lost Lease) aborts every controller at once.
     let mut tasks = tokio::task::JoinSet::new();
-    for Endpoint { name, client, .. } in endpoints {
+    for Endpoint {
+        name, client, gates, ..
+    } in endpoints
+    {
         let span = info_span!("cluster", cluster = %name);
         let config = Config {
             cluster: name,
+            gates,
             ..config.clone()
         };
         let (controller, handle) = Controller::new(client, config, metrics.clone());
@@ -624,15 +684,18 @@ async fn usage(args: UsageArgs) -> anyhow::Result<()> {
         output,
     } = args;
     let kcp = cluster.kcp_shard_url.is_some();
-    let endpoints = cluster.endpoints().await?;
+    let mut endpoints = cluster.endpoints().await?;
+    let single = endpoints.len() == 1;
+    cluster.set_gates(&mut endpoints, single).await?;
     let mut report = Vec::new();
     for Endpoint {
         name,
         client,
         workspace,
+        gates,
     } in &endpoints
     {
-        let quotas = report::usage(client, name, namespace.as_deref(), FeatureGates::default(), kcp)
+        let quotas = report::usage(client, name, namespace.as_deref(), *gates, kcp)
             .await
             .with_context(|| in_cluster(&endpoints, name))?;
         report.extend(quotas.into_iter().map(|q| report::QuotaUsage {
@@ -699,21 +762,18 @@ async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
         output,
     } = args;
     let kcp = cluster.kcp_shard_url.is_some();
-    let endpoints = cluster.endpoints().await?;
+    let mut endpoints = cluster.endpoints().await?;
+    let single = endpoints.len() == 1;
+    cluster.set_gates(&mut endpoints, single).await?;
     let mut reports = Vec::with_capacity(endpoints.len());
     for Endpoint {
         name,
         client,
         workspace,
+        gates,
     } in &endpoints
     {
-        let report = report::explain(
-            client,
-            name,
-            namespace_watch_threshold,
-            FeatureGates::default(),
-            kcp,
-        )
+        let report = report::explain(client, name, namespace_watch_threshold, *gates, kcp)
         .await
         .with_context(|| in_cluster(&endpoints, name))?;
         reports.push(report::Explain {
@@ -746,6 +806,7 @@ fn print_explain(report: &report::Explain) {
         report.cluster,
         report.resources.len()
     );
+    println!("semantics of Kubernetes {}; feature gates: {}", report.release, report.gates);
     let mut rows = vec![
         [
             "RESOURCE",

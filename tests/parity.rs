@@ -1,13 +1,14 @@
-//! Differential parity: `status.used` as computed by `lazyquota-quota` against what the real
-//! kube-controller-manager (v1.36, its own resourcequota controller) wrote, value for value.
+//! Differential parity: `status.used` as lazyquota computes it against what the real
+//! kube-controller-manager (its own resourcequota controller, of whichever release the test
+//! control plane runs) wrote, value for value.
 //!
 //! Per seed, [`fixtures::populate`] fills a fresh namespace with objects and then quotas over
-//! every scope and resource name family; once KCM has synced every quota, each quota's spec is
-//! touched to force one final recalculation over settled objects. The test then lists the
-//! namespace itself and recomputes every quota exactly as the controller does (`Registry` from
-//! discovery, `plan`, per evaluator `calculate_usage` or `calculate_object_count_usage`,
-//! `merge`, `assemble_status`), and compares with KCM's `status.used` by value, key sets
-//! included.
+//! every scope and resource name family (DRA included where served); once KCM has synced every
+//! quota, each quota's spec is touched to force one final recalculation over settled objects.
+//! The test then computes every quota as `lazyquota usage` does — discovery, the Engine (every
+//! evaluator, the DeviceClass mapping) over direct lists, with the feature gates of the
+//! server's release — and compares with KCM's `status.used` by value, key sets included, and
+//! checks that KCM's status is a fixpoint (no write would be due).
 //!
 //! Environment: `LAZYQUOTA_PARITY_SEEDS` (number of seeds, default 20),
 //! `LAZYQUOTA_PARITY_SEED` (first seed, default 1; replay one failing seed with
@@ -19,16 +20,13 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::{StreamExt, stream};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, ResourceQuota, Service};
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
-use kube::api::{ApiResource, DynamicObject, ListParams};
-use kube::discovery::{Discovery, Scope, verbs};
+use kube::api::ListParams;
 use kube::{Api, Client};
-use lazyquota_quota::{
-    Evaluator, FeatureGates, GroupResource, Interner, PodProjection, PvcProjection, Quantity, QuotaSpec,
-    Registry, ResourceList, ServiceProjection, Time, assemble_status, assemble_status_for,
-    calculate_object_count_usage, calculate_usage,
-};
+use lazyquota_index::keys::ClusterName;
+use lazyquota_kube::report;
+use lazyquota_quota::{FeatureGates, Interner, PodProjection, Quantity, Time};
 use lazyquota_testenv::fixtures::{self, Fixture};
 use lazyquota_testenv::{Flavor, TestNamespace};
 
@@ -44,37 +42,12 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// What KCM's registry is built from: the quotable resources of discovery
-/// (`ServerPreferredNamespacedResources`, verbs create, list, watch and delete), with the
-/// API resource to list each one's objects.
-struct Discovered {
-    registry: Registry,
-    resources: BTreeMap<GroupResource, ApiResource>,
-}
-
-async fn discover(client: &Client) -> Discovered {
-    let discovery = Discovery::new(client.clone())
-        .run_aggregated()
-        .await
-        .expect("discovery");
-    let mut registry = Registry::new(FeatureGates::default());
-    let mut resources = BTreeMap::new();
-    for group in discovery.groups() {
-        let version = group.preferred_version_or_latest().to_owned();
-        for (resource, caps) in group.versioned_resources(&version) {
-            let quotable = caps.scope == Scope::Namespaced
-                && [verbs::CREATE, verbs::LIST, verbs::WATCH, verbs::DELETE]
-                    .iter()
-                    .all(|verb| caps.supports_operation(verb));
-            if !quotable {
-                continue;
-            }
-            let gr = GroupResource::new(resource.group.clone(), resource.plural.clone());
-            registry.add_discovered(gr.clone());
-            resources.insert(gr, resource);
-        }
-    }
-    Discovered { registry, resources }
+/// The feature gates of the server's release, as `lazyquota run` picks them.
+async fn server_gates(client: &Client) -> FeatureGates {
+    let version = client.apiserver_version().await.expect("server version");
+    let (gates, _) = FeatureGates::for_version(&version.git_version);
+    println!("parity: Kubernetes {} (semantics of 1.{}; {})", version.git_version, gates.minor, gates.describe());
+    gates
 }
 
 /// One (quota, key) pair where lazyquota and KCM disagree.
@@ -123,120 +96,57 @@ fn parse(q: &K8sQuantity) -> Option<Quantity> {
     Quantity::parse_k8s(q).ok()
 }
 
-/// Lists the namespace and recomputes every quota as `syncResourceQuota` would, comparing
-/// with the status KCM wrote.
-#[allow(clippy::too_many_lines)] // the controller's whole sync, spelled out
-async fn compare(client: &Client, discovered: &Discovered, fixture: &Fixture) -> Comparison {
+/// Computes every quota of the namespace as `lazyquota usage` does (discovery, the Engine
+/// over direct lists) and compares with the status KCM wrote.
+async fn compare(client: &Client, gates: FeatureGates, fixture: &Fixture) -> Comparison {
     let ns = fixture.namespace.as_str();
-    let gates = discovered.registry.gates();
     let interner = Interner::new();
-    let lp = ListParams::default();
-
     let pods = Api::<Pod>::namespaced(client.clone(), ns)
-        .list(&lp)
+        .list(&ListParams::default())
         .await
         .expect("list pods");
-    let pods: Vec<PodProjection> = pods
-        .items
-        .iter()
-        .map(|p| {
-            PodProjection::from_pod(p, gates, &interner)
-                .strict()
-                .expect("pod quantities parse")
-        })
-        .collect();
     let now = now();
     let past_grace = pods
+        .items
         .iter()
+        .map(|p| PodProjection::from_pod(p, gates, &interner).projection)
         .filter(|p| !p.is_charged(now) && p.is_charged(Time::from_unix_seconds(0)))
         .count();
-    let services = Api::<Service>::namespaced(client.clone(), ns)
-        .list(&lp)
+    let ours = report::usage(client, &ClusterName::new("parity"), Some(ns), gates, false)
         .await
-        .expect("list services");
-    let services: Vec<ServiceProjection> = services
-        .items
-        .iter()
-        .map(ServiceProjection::from_service)
-        .collect();
-    let pvcs = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
-        .list(&lp)
-        .await
-        .expect("list pvcs");
-    let pvcs: Vec<PvcProjection> = pvcs
-        .items
-        .iter()
-        .map(|p| {
-            PvcProjection::from_pvc(p, &interner)
-                .strict()
-                .expect("pvc quantities parse")
-        })
-        .collect();
+        .expect("lazyquota usage");
     let quotas = Api::<ResourceQuota>::namespaced(client.clone(), ns)
-        .list(&lp)
+        .list(&ListParams::default())
         .await
         .expect("list quotas")
         .items;
-
-    // Object counts per resource, listed on demand (metadata only, like KCM's count monitors).
-    let mut counts: BTreeMap<GroupResource, u64> = BTreeMap::new();
     let mut pairs = 0;
     let mut nonzero = 0;
     let mut mismatches = Vec::new();
     for quota in &quotas {
         let name = quota.metadata.name.clone().unwrap_or_default();
-        let spec = QuotaSpec::from_resource_quota(quota);
-        let keys: Vec<&str> = spec.hard_keys.iter().map(String::as_str).collect();
-        let plan = discovered.registry.plan(&keys);
-        let mut results: Vec<(Evaluator, Option<ResourceList>)> = Vec::new();
-        for (evaluator, requested) in &plan.per_evaluator {
-            let used = match evaluator {
-                Evaluator::Pods => calculate_usage(requested, &spec.scopes, pods.iter(), now, gates).used,
-                Evaluator::Services => {
-                    calculate_usage(requested, &spec.scopes, services.iter(), now, gates).used
-                }
-                Evaluator::PersistentVolumeClaims => {
-                    calculate_usage(requested, &spec.scopes, pvcs.iter(), now, gates).used
-                }
-                Evaluator::ObjectCount(gr) => {
-                    if !counts.contains_key(gr) {
-                        let resource = discovered
-                            .resources
-                            .get(gr)
-                            .unwrap_or_else(|| panic!("{gr} has an evaluator, so discovery served it"));
-                        let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, resource);
-                        let list = api.list_metadata(&lp).await.expect("list for a count");
-                        counts.insert(gr.clone(), list.items.len() as u64);
-                    }
-                    calculate_object_count_usage(requested, &spec.scopes, counts[gr])
-                }
-                Evaluator::ResourceClaims => {
-                    panic!("fixture quota {name} lists a resourceclaims name: {requested:?}")
-                }
-            };
-            results.push((evaluator.clone(), Some(used)));
-        }
-        let new_usage = plan.merge(&results);
-        let spec_hard = quota.spec.as_ref().and_then(|s| s.hard.as_ref());
-        // A fresh quota only ever had status written by the controller: what it would write
-        // from scratch must be exactly what is there.
-        let ours = assemble_status(spec_hard, None, None, &new_usage).used;
+        let mine = ours.iter().find(|q| q.name == name).expect("usage reports every quota");
         let empty = BTreeMap::new();
         let kcm = quota
             .status
             .as_ref()
             .and_then(|s| s.used.as_ref())
             .unwrap_or(&empty);
-        let mut all_keys: BTreeSet<&String> = ours.keys().chain(kcm.keys()).collect();
-        all_keys.extend(spec.hard_keys.iter());
+        let mut all_keys: BTreeSet<&String> = kcm.keys().collect();
+        all_keys.extend(mine.keys.iter().map(|k| &k.key));
         let mut quota_ok = true;
         for key in all_keys {
             pairs += 1;
-            let (a, b) = (ours.get(key), kcm.get(key));
+            let computed = mine.keys.iter().find(|k| &k.key == key);
+            let a = computed.and_then(|k| k.computed.clone());
+            let b = kcm.get(key);
             nonzero += usize::from(b.and_then(parse).is_some_and(|q| !q.is_zero()));
-            let equal = match (a, b) {
+            let equal = match (&a, b) {
                 (None, None) => true,
-                (Some(a), Some(b)) => parse(a).is_some() && parse(a) == parse(b),
+                (Some(a), Some(b)) => {
+                    let a = parse(&K8sQuantity(a.clone()));
+                    a.is_some() && a == parse(b)
+                }
                 _ => false,
             };
             if !equal {
@@ -246,20 +156,19 @@ async fn compare(client: &Client, discovered: &Discovered, fixture: &Fixture) ->
                     namespace: ns.to_owned(),
                     quota: name.clone(),
                     key: key.clone(),
-                    ours: a.map(|q| q.0.clone()),
+                    ours: a.or_else(|| computed.and_then(|k| k.unknown.clone()).map(|u| format!("unknown: {u}"))),
                     kcm: b.map(|q| q.0.clone()),
                 });
             }
         }
         // And KCM's status must be a fixpoint: our sync over it would not write.
-        let decision = assemble_status_for(quota, &new_usage);
-        if quota_ok && decision.dirty {
+        if quota_ok && mine.write_due {
             mismatches.push(Mismatch {
                 seed: fixture.seed,
                 namespace: ns.to_owned(),
                 quota: name.clone(),
                 key: "<status.hard or status.used>".into(),
-                ours: Some(format!("a status write would be due: {:?}", decision.hard)),
+                ours: Some("a status write would be due".into()),
                 kcm: Some(format!("{:?}", quota.status)),
             });
         }
@@ -273,7 +182,7 @@ async fn compare(client: &Client, discovered: &Discovered, fixture: &Fixture) ->
     }
 }
 
-async fn run_seed(client: Client, discovered: &Discovered, seed: u64) -> SeedReport {
+async fn run_seed(client: Client, gates: FeatureGates, seed: u64) -> SeedReport {
     let ns = TestNamespace::create(Flavor::KcmQuota, &format!("parity-{seed}"))
         .await
         .expect("namespace");
@@ -297,7 +206,7 @@ async fn run_seed(client: Client, discovered: &Discovered, seed: u64) -> SeedRep
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let resynced = lap();
-    let comparison = compare(&client, discovered, &fixture).await;
+    let comparison = compare(&client, gates, &fixture).await;
     let keep = !comparison.mismatches.is_empty() && std::env::var_os("LAZYQUOTA_PARITY_KEEP").is_some();
     if keep {
         std::mem::forget(ns);
@@ -330,11 +239,10 @@ async fn status_used_matches_kcm_for_seeded_fixtures() {
         .expect("namespace");
     let client = probe.client();
     probe.delete().await.expect("delete namespace");
-    let discovered = discover(&client).await;
+    let gates = server_gates(&client).await;
 
-    let discovered = &discovered;
     let reports: Vec<SeedReport> = stream::iter(first..first + seeds)
-        .map(|seed| run_seed(client.clone(), discovered, seed))
+        .map(|seed| run_seed(client.clone(), gates, seed))
         .buffer_unordered(PARALLEL)
         .collect()
         .await;

@@ -8,7 +8,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::keys::{ClusterName, GroupResource};
+use crate::{
+    demand::is_cluster_wide,
+    keys::{ClusterName, GroupResource},
+};
 
 /// A served resource, as discovery reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,6 +32,13 @@ impl ServedResource {
     /// Whether upstream would monitor it for quota.
     pub fn quotable(&self) -> bool {
         self.namespaced && self.countable()
+    }
+
+    /// Whether quotas read it as context, watched cluster-wide (DeviceClasses): it must be
+    /// listable and watchable.
+    pub fn context(&self) -> bool {
+        is_cluster_wide(&self.resource)
+            && ["list", "watch"].iter().all(|v| self.verbs.iter().any(|have| have == v))
     }
 
     /// Whether it could be counted at all: the verbs a monitor needs, and not ignored. kcp
@@ -74,7 +84,8 @@ impl Resolver {
     }
 
     /// Replaces what `cluster` serves with a discovery run's results; keeps only quotable
-    /// resources; returns what changed.
+    /// resources and the cluster-wide ones quotas read as context (DeviceClasses, see
+    /// [`is_cluster_wide`]); returns what changed.
     ///
     /// `failed_groups` are API groups whose discovery failed in this run (an unavailable
     /// aggregated API): as upstream does, their previously known resources are kept rather
@@ -89,7 +100,7 @@ impl Resolver {
         let cluster_scoped = self.cluster_scoped;
         let mut new: BTreeMap<GroupResource, ServedResource> = served
             .into_iter()
-            .filter(|s| s.quotable() || (cluster_scoped && s.countable()))
+            .filter(|s| s.quotable() || (cluster_scoped && s.countable()) || s.context())
             .map(|s| (s.resource.clone(), s))
             .collect();
         for (resource, served) in &old {
@@ -132,9 +143,15 @@ impl Resolver {
         self.clusters.get(cluster)?.get(resource)
     }
 
-    /// Every quotable resource of a cluster (eager mode watches them all).
+    /// Every quotable resource of a cluster (eager mode watches them all; each gets an
+    /// object-count evaluator). Not the context resources.
     pub fn quotable(&self, cluster: &ClusterName) -> impl Iterator<Item = &ServedResource> {
-        self.clusters.get(cluster).into_iter().flat_map(BTreeMap::values)
+        let cluster_scoped = self.cluster_scoped;
+        self.clusters
+            .get(cluster)
+            .into_iter()
+            .flat_map(BTreeMap::values)
+            .filter(move |s| s.quotable() || (cluster_scoped && s.countable()))
     }
 }
 

@@ -39,6 +39,7 @@ use kube::{
     },
 };
 use lazyquota_index::{
+    demand::{device_classes, is_cluster_wide},
     engine::{Applied, Engine, Projected, StoreKind, same_value, store_kind},
     keys::{ALL_NAMESPACES, ClusterName, GroupResource, Need, QuotaKey},
     policy::DemandChange,
@@ -661,6 +662,11 @@ impl Controller {
                     .quotable(&cluster)
                     .map(|s| s.resource.clone()),
             );
+            // Upstream's resourceclaims evaluator keeps a DeviceClass informer of its own.
+            let classes = device_classes();
+            if self.config.gates.dra_extended_resource && self.engine.resolver.get(&cluster, &classes).is_some() {
+                touched.insert(classes);
+            }
         }
         let now = Instant::now();
         for resource in &touched {
@@ -747,11 +753,20 @@ impl Controller {
         if self.config.mode == Mode::Eager {
             // Upstream uses typed informers for the core types its evaluators read, metadata
             // informers for everything else.
-            let typed = resource.group.is_empty()
-                && ["pods", "services", "persistentvolumeclaims"].contains(&resource.resource.as_str());
+            let typed = (resource.group.is_empty()
+                && ["pods", "services", "persistentvolumeclaims"].contains(&resource.resource.as_str()))
+                || (resource.is("resource.k8s.io", "resourceclaims") && self.config.gates.dynamic_resource_allocation)
+                || (resource.is("resource.k8s.io", "deviceclasses") && self.config.gates.dra_extended_resource);
+            // A cluster-wide context resource fills the one all-namespaces partition, as in
+            // lazy mode; every other eager watch holds each namespace it sees.
+            let namespaces = if is_cluster_wide(resource) {
+                BTreeSet::from([Arc::from(ALL_NAMESPACES)])
+            } else {
+                BTreeSet::new()
+            };
             desired.insert(
                 key(None, if typed { Need::Typed } else { Need::Count }),
-                BTreeSet::new(),
+                namespaces,
             );
             return desired;
         }
@@ -930,7 +945,7 @@ impl Controller {
         info!(watch = %key, version = %served.version, shared, "watch started");
         self.streams.push(stream);
         self.by_id.insert(id, key.clone());
-        let hold_all = self.config.mode == Mode::Eager;
+        let hold_all = self.config.mode == Mode::Eager && !is_cluster_wide(&key.resource);
         let key_label = key.resource_label();
         self.watches.insert(
             key,
@@ -1168,6 +1183,7 @@ impl Controller {
             .into_iter()
             .filter(|q| {
                 running.hold_all
+                    || is_cluster_wide(&key.resource)
                     || self
                         .engine
                         .index

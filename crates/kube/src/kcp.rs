@@ -137,6 +137,7 @@ impl Shard {
                 let workspace = paths.get(&name).cloned();
                 let name = ClusterName::new(&name);
                 Ok(Endpoint {
+                    gates: lazyquota_quota::FeatureGates::default(),
                     client: self.cluster(&name)?,
                     name,
                     workspace,

@@ -74,6 +74,8 @@ pub struct QuotaUsage {
     pub name: String,
     /// Its keys.
     pub keys: Vec<KeyUsage>,
+    /// Whether `run` would write its status now (a computed key, or `status.hard`, differs).
+    pub write_due: bool,
 }
 
 /// Computes every quota's `status.used` (in `namespace`, or all) from direct lists.
@@ -144,6 +146,7 @@ pub async fn usage(
             namespace: key.namespace.to_string(),
             name: key.name.to_string(),
             keys,
+            write_due: computed.decision.dirty,
         });
     }
     Ok(report)
@@ -182,6 +185,10 @@ pub struct Explain {
     pub never_computed: Vec<String>,
     /// Keys always `0` under their quota's scopes (nothing watched for them).
     pub always_zero: Vec<String>,
+    /// The Kubernetes release whose quota semantics apply (`1.36`).
+    pub release: String,
+    /// The feature gates in use, `Name=true,Name=false`.
+    pub gates: String,
 }
 
 /// What lazyquota (lazy mode, with `threshold`) watches for the cluster's quotas now, and why.
@@ -209,7 +216,10 @@ pub async fn explain(
         let served = engine.resolver.get(&c, &resource);
         let pending = served.is_none().then(|| match served_all.get(&resource) {
             None => "not served by the apiserver (yet): its watch starts when discovery sees it".to_owned(),
-            Some(s) if !s.namespaced => "cluster-scoped: quota counts only namespaced resources".to_owned(),
+            Some(s) if !s.namespaced && !s.context() => {
+                "cluster-scoped: quota counts only namespaced resources".to_owned()
+            }
+            Some(s) if s.context() => "not listable and watchable".to_owned(),
             Some(s) if !s.quotable() => format!(
                 "not quotable: verbs {:?} lack one of create, list, watch, delete, or upstream ignores it",
                 s.verbs
@@ -278,6 +288,8 @@ pub async fn explain(
         resources,
         never_computed,
         always_zero,
+        release: format!("1.{}", gates.minor),
+        gates: gates.describe(),
     })
 }
 

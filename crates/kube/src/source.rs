@@ -79,6 +79,9 @@ pub struct Endpoint {
     /// shown next to the name; `None` elsewhere (and for clusters without a path annotation,
     /// such as `root`).
     pub workspace: Option<String>,
+    /// The feature gates its evaluators follow: its release's defaults and `--feature-gates`
+    /// (set by the binary once it has read the server's version; the newest defaults before).
+    pub gates: lazyquota_quota::FeatureGates,
 }
 
 /// What the flags say about clusters (see the binary's `--help`).
@@ -167,6 +170,7 @@ impl ClusterSource {
                 source,
             })?;
             endpoints.push(Endpoint {
+                gates: lazyquota_quota::FeatureGates::default(),
                 name: ClusterName::new(&cluster.name),
                 client,
                 workspace: None,

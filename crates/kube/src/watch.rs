@@ -1,7 +1,7 @@
 //! Watch streams, reduced at once to what the store keeps.
 //!
-//! A count-only demand uses a metadata-only watch (`PartialObjectMetadata`); pods, services
-//! and PVCs use a typed watch whose objects are turned into the quota crate's compact
+//! A count-only demand uses a metadata-only watch (`PartialObjectMetadata`); pods, services,
+//! PVCs, ResourceClaims and DeviceClasses use a typed watch whose objects are turned into the quota crate's compact
 //! projection as they arrive, so a full object never outlives its event.
 //!
 //! No task per watch: every stream is polled by the controller's single task (a
@@ -14,7 +14,10 @@ use futures::{
     StreamExt as _,
     stream::{AbortHandle, Abortable, BoxStream},
 };
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::{
+    core::v1::{Namespace, PersistentVolumeClaim, Pod, Service},
+    resource::v1::{DeviceClass, ResourceClaim},
+};
 use kube::{
     Api, Client, Resource, ResourceExt as _,
     api::{ApiResource, DynamicObject, ListParams, ObjectList, PartialObjectMeta, WatchParams},
@@ -22,11 +25,13 @@ use kube::{
     runtime::{WatchStreamExt as _, watcher},
 };
 use lazyquota_index::{
-    engine::Projected,
+    engine::{DeviceClassEntry, Projected},
     keys::{ALL_NAMESPACES, ClusterName, GroupResource, Need},
     resolver::ServedResource,
 };
-use lazyquota_quota::{Extracted, FeatureGates, Interner, PodProjection, PvcProjection, ServiceProjection};
+use lazyquota_quota::{
+    ClaimProjection, Extracted, FeatureGates, Interner, PodProjection, PvcProjection, ServiceProjection,
+};
 use serde::de::DeserializeOwned;
 use tracing::warn;
 
@@ -141,11 +146,33 @@ pub fn open<T: Clone + Send + 'static>(
                 Projected::Pvc(held(c, PvcProjection::from_pvc(c, &interner)))
             })
         }
+        (Need::Typed, "resource.k8s.io", "resourceclaims") => {
+            let interner = interner.clone();
+            typed::<ResourceClaim>(client, ns, config, move |c| {
+                Projected::Claim(ClaimProjection::from_claim(c, &interner, &crate::object_id))
+            })
+        }
+        (Need::Typed, "resource.k8s.io", "deviceclasses") => {
+            let api: Api<DeviceClass> = Api::all(client.clone());
+            events(watcher(api, config).default_backoff().boxed(), device_class)
+        }
         _ => metadata(client, served, ns, config),
     };
     let (stream, handle) = futures::stream::abortable(stream);
     let stream: Abortable<_> = stream;
     (stream.map(move |item| (tag.clone(), item)).boxed(), handle)
+}
+
+/// What the store keeps of a DeviceClass.
+fn device_class(class: &DeviceClass) -> Projected {
+    Projected::DeviceClass(DeviceClassEntry {
+        name: class.name_any().into(),
+        extended_resource_name: class
+            .spec
+            .as_ref()
+            .and_then(|s| s.extended_resource_name.as_deref())
+            .map(Into::into),
+    })
 }
 
 fn typed<K>(
@@ -327,6 +354,17 @@ pub async fn list_namespace(
                 Projected::Pvc(held(c, PvcProjection::from_pvc(c, interner)))
             })
             .await
+        }
+        (Need::Typed, "resource.k8s.io", "resourceclaims") => {
+            let api = scoped_api::<ResourceClaim>(client, namespace);
+            list_pages(&api, namespace == ALL_NAMESPACES, |c| {
+                Projected::Claim(ClaimProjection::from_claim(c, interner, &crate::object_id))
+            })
+            .await
+        }
+        (Need::Typed, "resource.k8s.io", "deviceclasses") => {
+            let api: Api<DeviceClass> = Api::all(client.clone());
+            list_pages(&api, true, device_class).await
         }
         _ => {
             let resource = api_resource(served);

@@ -251,6 +251,15 @@ impl FeatureGates {
             .collect()
     }
 
+    /// `Name=true,Name=false,…` of the gates this release has (for logs and `explain`).
+    pub fn describe(&self) -> String {
+        self.values()
+            .iter()
+            .map(|(name, on)| format!("{name}={on}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     fn names(&self) -> Vec<&'static str> {
         self.values().into_iter().map(|(n, _)| n).collect()
     }

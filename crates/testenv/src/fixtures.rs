@@ -27,8 +27,16 @@
 //!   VolumeAttributesClass, combinations, listing compute, extended, hugepages, storage,
 //!   storage-class, object-count (also under scopes), ignored and unknown names.
 //!
-//! Cluster-scoped helpers (PriorityClasses, RuntimeClasses) are created idempotently with fixed,
-//! prefixed names and fixed specs, so concurrent tests and repeated runs share them.
+//! - DRA (where `resource.k8s.io/v1` is served): ResourceClaims with exact and `All`
+//!   requests, `firstAvailable` alternatives, several requests per claim, classes with and
+//!   without an extended resource name and one that does not exist; pods requesting
+//!   `example.com/foo` with extended-resource claims they own (the scheduler's annotation and
+//!   controller reference), some named by the pod's `status.extendedResourceClaimStatus`; a
+//!   quota over every DRA key family.
+//!
+//! Cluster-scoped helpers (PriorityClasses, RuntimeClasses, DeviceClasses) are created
+//! idempotently with fixed, prefixed names and fixed specs, so concurrent tests and repeated
+//! runs share them.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -39,6 +47,7 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolumeClaim, Pod, ResourceQuota, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::api::node::v1::RuntimeClass;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::serde::{Serialize, de::DeserializeOwned};
@@ -56,6 +65,13 @@ pub const PRIORITY_CLASSES: [&str; 3] = ["lq-fixture-low", "lq-fixture-mid", "lq
 
 /// The RuntimeClasses with overhead fixture pods use (created cluster-wide, idempotently).
 pub const RUNTIME_CLASSES: [&str; 2] = ["lq-fixture-overhead", "lq-fixture-overhead-decimal"];
+
+/// DeviceClasses fixture claims use: one mapped to the extended resource `example.com/foo`
+/// (which fixture pods request), one not mapped, and one that is never created.
+pub const DEVICE_CLASSES: [&str; 3] = ["lq-fixture-foo", "lq-fixture-gpu", "lq-fixture-missing"];
+
+/// The extended resource [`DEVICE_CLASSES`]`[0]` maps.
+pub const DRA_EXTENDED_RESOURCE: &str = "example.com/foo";
 
 /// Storage classes fixture PVCs name (they need not exist).
 pub const STORAGE_CLASSES: [&str; 3] = ["lq-fast", "lq-slow", "lq-beta"];
@@ -167,6 +183,8 @@ pub struct Summary {
     pub secrets: usize,
     /// Deployments.
     pub deployments: usize,
+    /// ResourceClaims (extended-resource ones included).
+    pub claims: usize,
     /// ResourceQuotas.
     pub quotas: usize,
 }
@@ -176,7 +194,7 @@ impl fmt::Display for Summary {
         write!(
             f,
             "{} pods ({} terminal, {} terminating), {} services, {} pvcs, {} configmaps, {} secrets, \
-             {} deployments, {} quotas",
+             {} deployments, {} resource claims, {} quotas",
             self.pods,
             self.terminal_pods,
             self.terminating_pods,
@@ -185,6 +203,7 @@ impl fmt::Display for Summary {
             self.configmaps,
             self.secrets,
             self.deployments,
+            self.claims,
             self.quotas
         )
     }
@@ -1250,7 +1269,147 @@ pub async fn ensure_cluster_objects(client: &kube::Client, seed: u64) -> Result<
         )
         .await?;
     }
+    if dra_served(client).await {
+        let device_classes = Api::<DeviceClass>::all(client.clone());
+        for (name, extended) in DEVICE_CLASSES[..2].iter().zip([Some(DRA_EXTENDED_RESOURCE), None]) {
+            // Before DRAExtendedResource the server drops `extendedResourceName`.
+            let mut spec = json!({});
+            if let Some(extended) = extended {
+                spec["extendedResourceName"] = json!(extended);
+            }
+            let body = json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                "metadata": { "name": name }, "spec": spec,
+            });
+            create_idempotent(&device_classes, body, seed, &format!("creating device class {name}")).await?;
+        }
+    }
     Ok(())
+}
+
+/// Whether the server serves `resource.k8s.io/v1` (DRA; GA from 1.34).
+pub async fn dra_served(client: &kube::Client) -> bool {
+    Api::<DeviceClass>::all(client.clone())
+        .list_metadata(&kube::api::ListParams::default().limit(1))
+        .await
+        .is_ok()
+}
+
+/// A device request: exactly one class, or `firstAvailable` alternatives.
+fn device_request(rng: &mut SplitMix64, name: &str) -> Value {
+    let exact = |rng: &mut SplitMix64| {
+        let mut request = json!({ "deviceClassName": rng.pick(&DEVICE_CLASSES) });
+        if rng.chance(20) {
+            request["allocationMode"] = json!("All");
+        } else {
+            request["allocationMode"] = json!("ExactCount");
+            request["count"] = json!(rng.range(1, 5));
+        }
+        request
+    };
+    if rng.chance(30) {
+        let subrequests: Vec<Value> = (0..rng.range(1, 4))
+            .map(|i| {
+                let mut sub = exact(rng);
+                sub["name"] = json!(format!("alt{i}"));
+                sub
+            })
+            .collect();
+        json!({ "name": name, "firstAvailable": subrequests })
+    } else {
+        json!({ "name": name, "exactly": exact(rng) })
+    }
+}
+
+/// ResourceClaims, and pods requesting `example.com/foo` that own extended-resource claims.
+async fn dra_objects(ns: &TestNamespace, seed: u64, fixture: &mut Fixture) -> Result<(), Error> {
+    // A generator of its own: the other objects of a seed do not depend on whether DRA is served.
+    let mut rng = SplitMix64::new(seed ^ 0xD7A0_0000);
+    let kube_error = |what: String| move |source: kube::Error| Error::Kube { seed, what, source };
+    let claims = ns.api::<ResourceClaim>();
+    for index in 0..rng.range(2, 7) {
+        let requests: Vec<Value> = (0..rng.range(1, 4))
+            .map(|i| device_request(&mut rng, &format!("r{i}")))
+            .collect();
+        let body = json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": { "name": format!("claim-{index:02}") },
+            "spec": { "devices": { "requests": requests } },
+        });
+        create::<ResourceClaim>(&claims, &body, seed).await?;
+        fixture.summary.claims += 1;
+    }
+    let pods = ns.api::<Pod>();
+    for index in 0..rng.range(1, 4) {
+        let name = format!("dra-pod-{index}");
+        let foo = rng.range(1, 4);
+        let body = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": name },
+            "spec": { "containers": [{ "name": "app", "image": IMAGE, "resources": {
+                "requests": { DRA_EXTENDED_RESOURCE: foo.to_string() },
+                "limits": { DRA_EXTENDED_RESOURCE: foo.to_string() },
+            }}]},
+        });
+        let pod = create::<Pod>(&pods, &body, seed).await?;
+        fixture.summary.pods += 1;
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        // One or two claims, as the scheduler makes them; created in the same second, so
+        // the first-claim rule falls back to their names.
+        let owned = rng.range(1, 3);
+        for claim_index in 0..owned {
+            let claim_name = format!("{name}-extended-{claim_index}");
+            let body = json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {
+                    "name": claim_name,
+                    "annotations": { "resource.kubernetes.io/extended-resource-claim": "true" },
+                    "ownerReferences": [{ "apiVersion": "v1", "kind": "Pod", "name": name,
+                        "uid": uid, "controller": rng.chance(85) }],
+                },
+                "spec": { "devices": { "requests": [{ "name": "container-0-request-0",
+                    "exactly": { "deviceClassName": *rng.pick(&DEVICE_CLASSES[..2]),
+                        "allocationMode": "ExactCount", "count": rng.range(1, 5) } }] } },
+            });
+            create::<ResourceClaim>(&claims, &body, seed).await?;
+            fixture.summary.claims += 1;
+        }
+        if rng.chance(50) {
+            let named = format!("{name}-extended-{}", rng.below(owned));
+            let status = json!({ "status": { "extendedResourceClaimStatus": {
+                "resourceClaimName": named,
+                "requestMappings": [{ "containerName": "app", "resourceName": DRA_EXTENDED_RESOURCE,
+                    "requestName": "container-0-request-0" }],
+            }}});
+            // Dropped by servers without DRAExtendedResource; that is fine.
+            pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                .await
+                .map_err(kube_error(format!("setting the status of pod {name}: {status}")))?;
+        }
+    }
+    Ok(())
+}
+
+/// A quota over the DRA key families (its own generator, like [`dra_objects`]).
+fn dra_quota_plan(seed: u64) -> QuotaPlan {
+    let mut rng = SplitMix64::new(seed ^ 0xD7A0_0001);
+    let mut keys = vec!["count/resourceclaims.resource.k8s.io".to_owned()];
+    for class in DEVICE_CLASSES {
+        keys.extend(rng.subset(
+            &[
+                format!("{class}.deviceclass.resource.k8s.io/devices"),
+                format!("requests.deviceclass.resource.kubernetes.io/{class}"),
+            ],
+            70,
+        ));
+    }
+    keys.extend(rng.subset(&owned(&["requests.example.com/foo", "requests.example.com/bar", "count/pods"]), 70));
+    QuotaPlan {
+        name: "dra".to_owned(),
+        hard: keys,
+        scopes: Vec::new(),
+        selector: Vec::new(),
+    }
 }
 
 /// Waits for what KCM puts in every new namespace (the `default` ServiceAccount, needed to
@@ -1422,9 +1581,19 @@ pub async fn populate(ns: &TestNamespace, seed: u64) -> Result<Fixture, Error> {
         fixture.summary.deployments += 1;
     }
 
+    let dra = dra_served(&client).await;
+    if dra {
+        dra_objects(ns, seed, &mut fixture).await?;
+    }
+
     // Quotas, last.
     let quotas = ns.api::<ResourceQuota>();
-    for plan in quota_plans(&mut rng) {
+    let mut plans = quota_plans(&mut rng);
+    if dra {
+        // Before "last", which counts the quotas.
+        plans.insert(plans.len() - 1, dra_quota_plan(seed));
+    }
+    for plan in plans {
         let body = plan.body(&mut rng);
         create::<ResourceQuota>(&quotas, &body, seed).await?;
         fixture.quotas.push(plan.name);
