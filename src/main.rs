@@ -774,8 +774,8 @@ async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     } in &endpoints
     {
         let report = report::explain(client, name, namespace_watch_threshold, *gates, kcp)
-        .await
-        .with_context(|| in_cluster(&endpoints, name))?;
+            .await
+            .with_context(|| in_cluster(&endpoints, name))?;
         reports.push(report::Explain {
             workspace: workspace.clone(),
             ..report
@@ -806,7 +806,10 @@ fn print_explain(report: &report::Explain) {
         report.cluster,
         report.resources.len()
     );
-    println!("semantics of Kubernetes {}; feature gates: {}", report.release, report.gates);
+    println!(
+        "semantics of Kubernetes {}; feature gates: {}",
+        report.release, report.gates
+    );
     let mut rows = vec![
         [
             "RESOURCE",

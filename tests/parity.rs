@@ -22,13 +22,16 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
-use kube::api::ListParams;
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 use lazyquota_index::keys::ClusterName;
 use lazyquota_kube::report;
-use lazyquota_quota::{FeatureGates, Interner, PodProjection, Quantity, Time};
+use lazyquota_quota::{Evaluator, FeatureGates, Interner, PodProjection, Quantity, Time, evaluators_for_key};
 use lazyquota_testenv::fixtures::{self, Fixture};
-use lazyquota_testenv::{Flavor, TestNamespace};
+use lazyquota_testenv::{ControlPlane, Flavor, TestNamespace};
+
+mod common;
+use common::process::Lazyquota;
 
 /// Seeds run at the same time (each in its own namespace).
 const PARALLEL: usize = 4;
@@ -42,11 +45,37 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// The evaluators that compute a key, as the matrix in docs/parity.md groups pairs:
+/// `pods`, `services`, `persistentvolumeclaims`, `resourceclaims`, `object count`, joined
+/// with `+` when several do, `none` when none does (the key stays absent).
+fn family(key: &str, gates: FeatureGates) -> String {
+    let names: BTreeSet<&str> = evaluators_for_key(key, gates)
+        .iter()
+        .map(|e| match e {
+            Evaluator::Pods => "pods",
+            Evaluator::Services => "services",
+            Evaluator::PersistentVolumeClaims => "persistentvolumeclaims",
+            Evaluator::ResourceClaims => "resourceclaims",
+            Evaluator::ObjectCount(_) => "object count",
+        })
+        .collect();
+    if names.is_empty() {
+        "none".to_owned()
+    } else {
+        names.into_iter().collect::<Vec<_>>().join("+")
+    }
+}
+
 /// The feature gates of the server's release, as `lazyquota run` picks them.
 async fn server_gates(client: &Client) -> FeatureGates {
     let version = client.apiserver_version().await.expect("server version");
     let (gates, _) = FeatureGates::for_version(&version.git_version);
-    println!("parity: Kubernetes {} (semantics of 1.{}; {})", version.git_version, gates.minor, gates.describe());
+    println!(
+        "parity: Kubernetes {} (semantics of 1.{}; {})",
+        version.git_version,
+        gates.minor,
+        gates.describe()
+    );
     gates
 }
 
@@ -61,6 +90,7 @@ struct Mismatch {
 }
 
 struct SeedReport {
+    by_evaluator: BTreeMap<String, (usize, usize)>,
     seed: u64,
     namespace: String,
     summary: String,
@@ -79,6 +109,8 @@ struct SeedReport {
 struct Comparison {
     quotas: usize,
     pairs: usize,
+    /// Pairs and mismatches per evaluator family of the key (see [`family`]).
+    by_evaluator: BTreeMap<String, (usize, usize)>,
     nonzero: usize,
     past_grace: usize,
     mismatches: Vec<Mismatch>,
@@ -123,9 +155,13 @@ async fn compare(client: &Client, gates: FeatureGates, fixture: &Fixture) -> Com
     let mut pairs = 0;
     let mut nonzero = 0;
     let mut mismatches = Vec::new();
+    let mut by_evaluator = BTreeMap::new();
     for quota in &quotas {
         let name = quota.metadata.name.clone().unwrap_or_default();
-        let mine = ours.iter().find(|q| q.name == name).expect("usage reports every quota");
+        let mine = ours
+            .iter()
+            .find(|q| q.name == name)
+            .expect("usage reports every quota");
         let empty = BTreeMap::new();
         let kcm = quota
             .status
@@ -137,6 +173,8 @@ async fn compare(client: &Client, gates: FeatureGates, fixture: &Fixture) -> Com
         let mut quota_ok = true;
         for key in all_keys {
             pairs += 1;
+            let tally = by_evaluator.entry(family(key, gates)).or_insert((0, 0));
+            tally.0 += 1;
             let computed = mine.keys.iter().find(|k| &k.key == key);
             let a = computed.and_then(|k| k.computed.clone());
             let b = kcm.get(key);
@@ -151,12 +189,17 @@ async fn compare(client: &Client, gates: FeatureGates, fixture: &Fixture) -> Com
             };
             if !equal {
                 quota_ok = false;
+                tally.1 += 1;
                 mismatches.push(Mismatch {
                     seed: fixture.seed,
                     namespace: ns.to_owned(),
                     quota: name.clone(),
                     key: key.clone(),
-                    ours: a.or_else(|| computed.and_then(|k| k.unknown.clone()).map(|u| format!("unknown: {u}"))),
+                    ours: a.or_else(|| {
+                        computed
+                            .and_then(|k| k.unknown.clone())
+                            .map(|u| format!("unknown: {u}"))
+                    }),
                     kcm: b.map(|q| q.0.clone()),
                 });
             }
@@ -176,13 +219,20 @@ async fn compare(client: &Client, gates: FeatureGates, fixture: &Fixture) -> Com
     Comparison {
         quotas: quotas.len(),
         pairs,
+        by_evaluator,
         nonzero,
         past_grace,
         mismatches,
     }
 }
 
-async fn run_seed(client: Client, gates: FeatureGates, seed: u64) -> SeedReport {
+/// A seed's namespace, kept for the end-to-end phase.
+struct Kept {
+    ns: TestNamespace,
+    fixture: Fixture,
+}
+
+async fn run_seed(client: Client, gates: FeatureGates, seed: u64) -> (SeedReport, Option<Kept>) {
     let ns = TestNamespace::create(Flavor::KcmQuota, &format!("parity-{seed}"))
         .await
         .expect("namespace");
@@ -207,24 +257,140 @@ async fn run_seed(client: Client, gates: FeatureGates, seed: u64) -> SeedReport 
         .unwrap_or_else(|e| panic!("{e}"));
     let resynced = lap();
     let comparison = compare(&client, gates, &fixture).await;
+    let namespace = fixture.namespace.clone();
+    let summary = fixture.summary.to_string();
     let keep = !comparison.mismatches.is_empty() && std::env::var_os("LAZYQUOTA_PARITY_KEEP").is_some();
-    if keep {
+    let kept = if keep {
         std::mem::forget(ns);
+        None
     } else {
-        fixture.release(&ns).await.unwrap_or_else(|e| panic!("{e}"));
-        ns.delete().await.expect("delete namespace");
-    }
-    SeedReport {
+        Some(Kept { ns, fixture })
+    };
+    let report = SeedReport {
+        by_evaluator: comparison.by_evaluator,
         seed,
-        namespace: fixture.namespace.clone(),
-        summary: fixture.summary.to_string(),
+        namespace,
+        summary,
         quotas: comparison.quotas,
         pairs: comparison.pairs,
         nonzero: comparison.nonzero,
         past_grace: comparison.past_grace,
         timings: [populated, synced, resynced],
         mismatches: comparison.mismatches,
+    };
+    (report, kept)
+}
+
+/// KCM's `status.used` of every quota of the kept namespaces: (namespace, quota) → used.
+type UsedByQuota = BTreeMap<(String, String), BTreeMap<String, K8sQuantity>>;
+
+async fn used_by_quota(client: &Client, kept: &[Kept]) -> UsedByQuota {
+    let mut out = BTreeMap::new();
+    for k in kept {
+        let quotas = Api::<ResourceQuota>::namespaced(client.clone(), &k.fixture.namespace)
+            .list(&ListParams::default())
+            .await
+            .expect("list quotas");
+        for q in quotas.items {
+            let used = q.status.and_then(|s| s.used).unwrap_or_default();
+            out.insert(
+                (k.fixture.namespace.clone(), q.metadata.name.unwrap_or_default()),
+                used,
+            );
+        }
     }
+    out
+}
+
+/// The (namespace, quota, key) triples where `got` differs from `want` by value or presence.
+fn differences(
+    want: &UsedByQuota,
+    got: &UsedByQuota,
+) -> Vec<(String, String, String, Option<String>, Option<String>)> {
+    let empty = BTreeMap::new();
+    let mut out = Vec::new();
+    for ((ns, quota), expected) in want {
+        let actual = got.get(&(ns.clone(), quota.clone())).unwrap_or(&empty);
+        let keys: BTreeSet<&String> = expected.keys().chain(actual.keys()).collect();
+        for key in keys {
+            let (a, b) = (actual.get(key), expected.get(key));
+            let equal = match (a, b) {
+                (Some(a), Some(b)) => parse(a).is_some() && parse(a) == parse(b),
+                (None, None) => true,
+                _ => false,
+            };
+            if !equal {
+                out.push((
+                    ns.clone(),
+                    quota.clone(),
+                    key.clone(),
+                    a.map(|q| q.0.clone()),
+                    b.map(|q| q.0.clone()),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Parity end to end, through the controller: with KCM frozen, every `status.used` of the
+/// kept namespaces is blanked, `lazyquota run` (lazy mode, the real binary) writes them
+/// again, and every (quota, key) must equal what KCM had written. Returns the differences
+/// that remain after `SYNC_TIMEOUT` twice over, and how many pairs were compared.
+async fn through_the_controller(client: &Client, kept: &[Kept]) -> (usize, Vec<Mismatch>) {
+    let want = used_by_quota(client, kept).await;
+    let pairs = want.values().map(BTreeMap::len).sum();
+    let control_plane = ControlPlane::get(Flavor::KcmQuota);
+    let _paused = control_plane.pause("kube-controller-manager");
+    for (ns, quota) in want.keys() {
+        Api::<ResourceQuota>::namespaced(client.clone(), ns)
+            .patch_status(
+                quota,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"status": {"used": null}})),
+            )
+            .await
+            .expect("blank status.used");
+    }
+    let blanked = used_by_quota(client, kept).await;
+    assert!(
+        blanked.values().all(BTreeMap::is_empty),
+        "every status.used is blank before lazyquota runs"
+    );
+    let lazyquota = Lazyquota::start(control_plane.kubeconfig(), &[]);
+    let started = Instant::now();
+    let mut left = Vec::new();
+    while started.elapsed() < 2 * SYNC_TIMEOUT {
+        left = differences(&want, &used_by_quota(client, kept).await);
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "parity through the controller: {pairs} (quota, key) pairs written by lazyquota run in {:.1}s, {} differ",
+        started.elapsed().as_secs_f64(),
+        left.len()
+    );
+    if !left.is_empty() {
+        println!("lazyquota's log:\n{}", lazyquota.log());
+    }
+    drop(lazyquota);
+    let mismatches = left
+        .into_iter()
+        .map(|(namespace, quota, key, ours, kcm)| Mismatch {
+            seed: kept
+                .iter()
+                .find(|k| k.fixture.namespace == namespace)
+                .map_or(0, |k| k.fixture.seed),
+            quota: format!("{quota} (through the controller)"),
+            namespace,
+            key,
+            ours,
+            kcm,
+        })
+        .collect();
+    (pairs, mismatches)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -241,18 +407,29 @@ async fn status_used_matches_kcm_for_seeded_fixtures() {
     probe.delete().await.expect("delete namespace");
     let gates = server_gates(&client).await;
 
-    let reports: Vec<SeedReport> = stream::iter(first..first + seeds)
+    let outcomes: Vec<(SeedReport, Option<Kept>)> = stream::iter(first..first + seeds)
         .map(|seed| run_seed(client.clone(), gates, seed))
         .buffer_unordered(PARALLEL)
         .collect()
         .await;
-
-    let mut reports = reports;
+    let (mut reports, kept): (Vec<SeedReport>, Vec<Option<Kept>>) = outcomes.into_iter().unzip();
+    let kept: Vec<Kept> = kept.into_iter().flatten().collect();
+    let (e2e_pairs, e2e_mismatches) = through_the_controller(&client, &kept).await;
+    for k in kept {
+        k.fixture.release(&k.ns).await.unwrap_or_else(|e| panic!("{e}"));
+        k.ns.delete().await.expect("delete namespace");
+    }
     reports.sort_by_key(|r| r.seed);
     let mut pairs = 0;
     let mut quotas = 0;
     let mut mismatches = Vec::new();
+    let mut by_evaluator: BTreeMap<String, (usize, usize)> = BTreeMap::new();
     for report in reports {
+        for (family, (p, m)) in &report.by_evaluator {
+            let tally = by_evaluator.entry(family.clone()).or_default();
+            tally.0 += p;
+            tally.1 += m;
+        }
         let [populated, synced, resynced] = report.timings;
         println!(
             "seed {:>3} ({}): {} quotas, {} (quota, key) pairs ({} non-zero), {} mismatches; {}, \
@@ -272,10 +449,16 @@ async fn status_used_matches_kcm_for_seeded_fixtures() {
     }
     println!(
         "parity: {seeds} seeds, {quotas} quotas, {pairs} (quota, key) pairs compared with KCM, \
-         {} mismatches, {:.1}s",
+         {} mismatches; through the controller: {e2e_pairs} pairs, {} mismatches; {:.1}s",
         mismatches.len(),
+        e2e_mismatches.len(),
         started.elapsed().as_secs_f64()
     );
+    // One line per evaluator family, read by scripts/parity-matrix.sh.
+    for (family, (p, m)) in &by_evaluator {
+        println!("parity by evaluator: {family}: {p} pairs, {m} mismatches");
+    }
+    mismatches.extend(e2e_mismatches);
 
     if !mismatches.is_empty() {
         let mut diff = String::new();
@@ -300,5 +483,9 @@ async fn status_used_matches_kcm_for_seeded_fixtures() {
     assert!(
         pairs >= 50 * usize::try_from(seeds).unwrap_or(usize::MAX).min(20),
         "too few (quota, key) pairs compared: {pairs}"
+    );
+    assert!(
+        e2e_pairs >= pairs / 2,
+        "too few pairs written by the controller: {e2e_pairs}"
     );
 }

@@ -146,6 +146,15 @@ start_bg etcd "$bin/etcd" \
   --log-level warn
 wait_ready etcd "http://127.0.0.1:$etcd_port/health"
 
+# From 1.37 kube-apiserver refuses a loopback advertise address while it reconciles the
+# `kubernetes` Service's endpoints; those endpoints would name 127.0.0.1, which no pod can
+# reach anyway, so that release runs without the reconciler.
+apiserver_minor=$("$bin/kube-apiserver" --version | sed -nE 's/.*v1\.([0-9]+).*/\1/p')
+reconciler=()
+if (( ${apiserver_minor:-0} >= 37 )); then
+  reconciler=(--endpoint-reconciler-type none)
+fi
+
 start_apiserver() {
   # start_apiserver NAME PORT [FLAGS...]: a kube-apiserver on etcd, with the shared PKI, ready.
   local name=$1 port=$2; shift 2
@@ -164,6 +173,7 @@ start_apiserver() {
     --service-account-signing-key-file "$pki/sa.key" \
     --service-cluster-ip-range 10.96.0.0/16 \
     --allow-privileged=true \
+    "${reconciler[@]}" \
     "$@" \
     ${LAZYQUOTA_APISERVER_ARGS:-}
   wait_ready "$name" "https://127.0.0.1:$port/readyz" \

@@ -38,7 +38,9 @@ impl ServedResource {
     /// listable and watchable.
     pub fn context(&self) -> bool {
         is_cluster_wide(&self.resource)
-            && ["list", "watch"].iter().all(|v| self.verbs.iter().any(|have| have == v))
+            && ["list", "watch"]
+                .iter()
+                .all(|v| self.verbs.iter().any(|have| have == v))
     }
 
     /// Whether it could be counted at all: the verbs a monitor needs, and not ignored. kcp

@@ -664,7 +664,9 @@ impl Controller {
             );
             // Upstream's resourceclaims evaluator keeps a DeviceClass informer of its own.
             let classes = device_classes();
-            if self.config.gates.dra_extended_resource && self.engine.resolver.get(&cluster, &classes).is_some() {
+            if self.config.gates.dra_extended_resource
+                && self.engine.resolver.get(&cluster, &classes).is_some()
+            {
                 touched.insert(classes);
             }
         }
@@ -755,8 +757,10 @@ impl Controller {
             // informers for everything else.
             let typed = (resource.group.is_empty()
                 && ["pods", "services", "persistentvolumeclaims"].contains(&resource.resource.as_str()))
-                || (resource.is("resource.k8s.io", "resourceclaims") && self.config.gates.dynamic_resource_allocation)
-                || (resource.is("resource.k8s.io", "deviceclasses") && self.config.gates.dra_extended_resource);
+                || (resource.is("resource.k8s.io", "resourceclaims")
+                    && self.config.gates.dynamic_resource_allocation)
+                || (resource.is("resource.k8s.io", "deviceclasses")
+                    && self.config.gates.dra_extended_resource);
             // A cluster-wide context resource fills the one all-namespaces partition, as in
             // lazy mode; every other eager watch holds each namespace it sees.
             let namespaces = if is_cluster_wide(resource) {

@@ -190,6 +190,14 @@ fn status_resources<'a>(
     }
 }
 
+/// Which of a container's lists a v0.37 aggregate reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Spec,
+    Allocated,
+    Actuated,
+}
+
 /// Which list of a container `aggregateContainerResourcesByFn`-style sums read.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -264,18 +272,80 @@ impl PodResources<'_> {
         }
     }
 
-    /// `AggregateContainerRequests` / `AggregateContainerLimits`: sum of app containers and
-    /// sidecars, maxed with each init container's init-time usage (itself plus the sidecars
-    /// started before it).
-    fn aggregate(&self, use_status: bool, kind: Kind) -> List {
+    /// One container's list from one source, as component-helpers v0.37's
+    /// `containerSpecRequests`, `containerAllocatedRequests`, `containerActuatedRequests`,
+    /// `containerSpecLimits` and `containerActuatedLimits` read it: every container (init
+    /// containers too) looks up its status (`findContainerStatus`: the first with its name,
+    /// container statuses before init container statuses); a missing status value falls back
+    /// to allocated, then to the spec — or to nothing when the resize is infeasible.
+    fn source<'s>(&'s self, c: &'s ContainerResources<'_>, source: Source, kind: Kind) -> Option<&'s List> {
+        let spec = match kind {
+            Kind::Requests => c.requests.as_ref(),
+            Kind::Limits => c.limits.as_ref(),
+        };
+        if source == Source::Spec {
+            return spec;
+        }
+        let status = self.statuses.iter().find(|s| s.name == c.name);
+        let actuated = status
+            .and_then(|s| s.resources.as_ref())
+            .and_then(|(requests, limits)| match kind {
+                Kind::Requests => requests.as_ref(),
+                Kind::Limits => limits.as_ref(),
+            });
+        let allocated = status.and_then(|s| s.allocated.as_ref());
+        let fallback = if self.infeasible { None } else { spec };
+        match (source, kind) {
+            (Source::Actuated, _) if actuated.is_some() => actuated,
+            (Source::Actuated, Kind::Limits) => fallback,
+            (Source::Actuated | Source::Allocated, Kind::Requests) => allocated.or(fallback),
+            (Source::Allocated, Kind::Limits) | (Source::Spec, _) => spec,
+        }
+    }
+
+    /// `AggregateContainerRequests` / `AggregateContainerLimits` of component-helpers v0.37
+    /// (Kubernetes 1.37): with `UseStatusResources`, the per-source aggregates are maxed —
+    /// `max(spec, actuated, allocated)` for requests and `max(spec, actuated)` for limits, or
+    /// without the spec when the resize is infeasible — where v0.36 maxed per container.
+    fn aggregate_v37(&self, use_status: bool, kind: Kind) -> List {
+        let sum =
+            |source: Source| self.aggregate_with(|c, _| self.source(c, source, kind).map(Cow::Borrowed));
+        if !use_status {
+            return sum(Source::Spec);
+        }
+        let actuated = sum(Source::Actuated);
+        match (kind, self.infeasible) {
+            (Kind::Requests, true) => max_of(&actuated, &[&sum(Source::Allocated)]),
+            (Kind::Requests, false) => max_of(&sum(Source::Spec), &[&actuated, &sum(Source::Allocated)]),
+            (Kind::Limits, true) => actuated,
+            (Kind::Limits, false) => max_of(&sum(Source::Spec), &[&actuated]),
+        }
+    }
+
+    /// `AggregateContainerRequests` / `AggregateContainerLimits` of the release in `minor`.
+    fn aggregate(&self, use_status: bool, kind: Kind, minor: u16) -> List {
+        if minor >= 37 {
+            self.aggregate_v37(use_status, kind)
+        } else {
+            self.aggregate_with(|c, init| self.effective(c, init, use_status, kind))
+        }
+    }
+
+    /// The sidecar formula over each container's list as `own` gives it: sum of app
+    /// containers and sidecars, maxed with each init container's init-time usage (itself plus
+    /// the sidecars started before it).
+    fn aggregate_with<'s>(
+        &'s self,
+        own: impl Fn(&'s ContainerResources<'_>, bool) -> Option<Cow<'s, List>>,
+    ) -> List {
         let mut result = List::new();
         for c in &self.containers {
-            add_list(&mut result, self.effective(c, false, use_status, kind).as_deref());
+            add_list(&mut result, own(c, false).as_deref());
         }
         let mut sidecars = List::new();
         let mut init_max = List::new();
         for c in &self.init_containers {
-            let own = self.effective(c, true, use_status, kind);
+            let own = own(c, true);
             if c.restartable {
                 add_list(&mut result, own.as_deref());
                 add_list(&mut sidecars, own.as_deref());
@@ -292,18 +362,18 @@ impl PodResources<'_> {
     }
 
     /// `AggregateContainerRequests`.
-    fn container_requests(&self, use_status: bool) -> List {
-        self.aggregate(use_status, Kind::Requests)
+    fn container_requests(&self, use_status: bool, minor: u16) -> List {
+        self.aggregate(use_status, Kind::Requests, minor)
     }
 
     /// `AggregateContainerLimits`.
-    fn container_limits(&self, use_status: bool) -> List {
-        self.aggregate(use_status, Kind::Limits)
+    fn container_limits(&self, use_status: bool, minor: u16) -> List {
+        self.aggregate(use_status, Kind::Limits, minor)
     }
 
     /// `PodRequests` with the options the pods evaluator passes.
     fn requests(&self, gates: FeatureGates) -> List {
-        let mut requests = self.container_requests(gates.in_place_pod_vertical_scaling);
+        let mut requests = self.container_requests(gates.in_place_pod_vertical_scaling, gates.minor);
         if gates.pod_level_resources && has_supported_pod_level(self.pod_requests.as_ref()) {
             apply_pod_level(&mut requests, self.pod_requests.as_ref());
         }
@@ -313,7 +383,7 @@ impl PodResources<'_> {
 
     /// `PodLimits` with the options the pods evaluator passes.
     fn limits(&self, gates: FeatureGates) -> List {
-        let mut limits = self.container_limits(gates.in_place_pod_vertical_scaling);
+        let mut limits = self.container_limits(gates.in_place_pod_vertical_scaling, gates.minor);
         let pod_level_set = has_supported_pod_level(self.pod_requests.as_ref())
             || has_supported_pod_level(self.pod_limits.as_ref());
         if gates.pod_level_resources && pod_level_set {

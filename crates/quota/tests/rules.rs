@@ -158,7 +158,8 @@ fn case(
 ) -> Case {
     Case {
         rule,
-        gates: FeatureGates::default(),
+        // Kubernetes 1.36's rules; the rows of other releases set their gates.
+        gates: FeatureGates::V1_36,
         quota,
         objects,
         now: NOW,
@@ -168,7 +169,7 @@ fn case(
 
 fn cases() -> Vec<Case> {
     let gates_off = |f: fn(&mut FeatureGates)| {
-        let mut g = FeatureGates::default();
+        let mut g = FeatureGates::V1_36;
         f(&mut g);
         g
     };
@@ -502,6 +503,62 @@ fn cases() -> Vec<Case> {
             )],
             &[("requests.cpu", Some("3"))],
         ),
+        Case {
+            gates: FeatureGates::for_minor(37),
+            ..case(
+                "resize (1.37): the max is taken over the per-source sums (component-helpers v0.37)",
+                quota(&["requests.cpu", "limits.cpu"]),
+                vec![pod(
+                    "r",
+                    json!({"containers": [
+                        {"name": "a", "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "2"}}},
+                        {"name": "b", "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}}}]}),
+                    json!({"phase": "Running", "containerStatuses": [
+                        {"name": "a", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                         "allocatedResources": {"cpu": "1"},
+                         "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}}},
+                        {"name": "b", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                         "allocatedResources": {"cpu": "1"},
+                         "resources": {"requests": {"cpu": "3"}, "limits": {"cpu": "3"}}}]}),
+                )],
+                &[("requests.cpu", Some("4")), ("limits.cpu", Some("4"))],
+            )
+        },
+        Case {
+            gates: FeatureGates::for_minor(37),
+            ..case(
+                "resize (1.37): allocatedResources counts without resources",
+                quota(&["requests.cpu"]),
+                vec![pod(
+                    "r",
+                    app(json!({"cpu": "1"}), json!({})),
+                    json!({"phase": "Running", "containerStatuses": [
+                        {"name": "app", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                         "allocatedResources": {"cpu": "4"}}]}),
+                )],
+                &[("requests.cpu", Some("4"))],
+            )
+        },
+        Case {
+            gates: FeatureGates::for_minor(37),
+            ..case(
+                "resize (1.37): every init container uses its status",
+                quota(&["requests.cpu"]),
+                vec![pod(
+                    "r",
+                    json!({"containers": [{"name": "app", "resources": {"requests": {"cpu": "1"}}}],
+                           "initContainers": [
+                        {"name": "init", "resources": {"requests": {"cpu": "1"}}},
+                        {"name": "side", "restartPolicy": "Always", "resources": {"requests": {"cpu": "1"}}}]}),
+                    json!({"phase": "Running", "initContainerStatuses": [
+                        {"name": "init", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                         "resources": {"requests": {"cpu": "7"}}},
+                        {"name": "side", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                         "resources": {"requests": {"cpu": "2"}}}]}),
+                )],
+                &[("requests.cpu", Some("7"))],
+            )
+        },
         Case {
             gates: gates_off(|g| g.in_place_pod_vertical_scaling = false),
             ..case(

@@ -1271,7 +1271,10 @@ pub async fn ensure_cluster_objects(client: &kube::Client, seed: u64) -> Result<
     }
     if dra_served(client).await {
         let device_classes = Api::<DeviceClass>::all(client.clone());
-        for (name, extended) in DEVICE_CLASSES[..2].iter().zip([Some(DRA_EXTENDED_RESOURCE), None]) {
+        for (name, extended) in DEVICE_CLASSES[..2]
+            .iter()
+            .zip([Some(DRA_EXTENDED_RESOURCE), None])
+        {
             // Before DRAExtendedResource the server drops `extendedResourceName`.
             let mut spec = json!({});
             if let Some(extended) = extended {
@@ -1281,7 +1284,13 @@ pub async fn ensure_cluster_objects(client: &kube::Client, seed: u64) -> Result<
                 "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
                 "metadata": { "name": name }, "spec": spec,
             });
-            create_idempotent(&device_classes, body, seed, &format!("creating device class {name}")).await?;
+            create_idempotent(
+                &device_classes,
+                body,
+                seed,
+                &format!("creating device class {name}"),
+            )
+            .await?;
         }
     }
     Ok(())
@@ -1403,7 +1412,14 @@ fn dra_quota_plan(seed: u64) -> QuotaPlan {
             70,
         ));
     }
-    keys.extend(rng.subset(&owned(&["requests.example.com/foo", "requests.example.com/bar", "count/pods"]), 70));
+    keys.extend(rng.subset(
+        &owned(&[
+            "requests.example.com/foo",
+            "requests.example.com/bar",
+            "count/pods",
+        ]),
+        70,
+    ));
     QuotaPlan {
         name: "dra".to_owned(),
         hard: keys,

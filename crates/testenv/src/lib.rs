@@ -287,6 +287,30 @@ impl ControlPlane {
             })
     }
 
+    /// Freezes a component of this control plane (`SIGSTOP`; e.g. `kube-controller-manager`)
+    /// until the returned guard is dropped (`SIGCONT`), however the test ends. Other test
+    /// binaries share the control plane, so such a test resumes it before it returns.
+    ///
+    /// # Panics
+    /// If the component's pid file is missing or the signal cannot be sent.
+    pub fn pause(&self, component: &str) -> Paused {
+        let dir = PathBuf::from(
+            self.fact("LAZYQUOTA_CP_DIR")
+                .expect("a control plane started by start.sh"),
+        );
+        let pid = std::fs::read_to_string(dir.join(format!("{component}.pid")))
+            .expect("pid file")
+            .trim()
+            .to_owned();
+        let ok = Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "cannot stop {component} (pid {pid})");
+        Paused { pid }
+    }
+
     /// Kills a component (`etcd` or `kube-apiserver`) with SIGKILL and starts it again with the
     /// same command line (same ports, certificates and data), appending to its log; returns
     /// once it is healthy again. For fault tests: other tests sharing this control plane see
@@ -437,6 +461,18 @@ fn lock_state(name: &str) -> Result<(PathBuf, std::fs::File), Error> {
         source,
     })?;
     Ok((state.join(name), lock))
+}
+
+/// A component frozen by [`ControlPlane::pause`]; resumed when dropped.
+#[derive(Debug)]
+pub struct Paused {
+    pid: String,
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-CONT", &self.pid]).status();
+    }
 }
 
 /// Starts (or reuses) the control plane of `flavor` shared by all test binaries of this checkout.
