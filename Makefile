@@ -1,5 +1,5 @@
 # The two set-up commands are `make demo` and `make test`; see README.md.
-.PHONY: demo test control-plane kcp kcp-start cp-start cp-stop lint
+.PHONY: demo test control-plane kcp kcp-start cp-start cp-stop lint parity-matrix
 
 CP_DIR ?= $(CURDIR)/.lazyquota/demo
 
@@ -12,6 +12,11 @@ demo: control-plane
 ## Run every test against real control planes (built and started as needed, stopped after).
 test:
 	bash scripts/test.sh
+
+## The parity test against KCM of every release in tests/control-plane/kube/matrix/versions.env
+## (builds the missing ones, ~15 min each on 2 cores, cached) and rewrites docs/parity.md's table.
+parity-matrix:
+	bash scripts/parity-matrix.sh --write
 
 ## Build etcd, kube-apiserver and kube-controller-manager from the pinned Go modules (cached).
 control-plane:

@@ -51,6 +51,9 @@ phase "build tests" cargo test --workspace --locked --no-run
 mkdir -p .lazyquota
 phase "tests" bash -c 'set -o pipefail; cargo test --workspace --locked 2>&1 | tee .lazyquota/test.log'
 phase "reliability report up to date" bash scripts/reliability.sh --check .lazyquota/test.log
+# The parity test against the other Kubernetes releases of the matrix, each only if its build
+# is cached on this machine (a skipped one prints one line); `make parity-matrix` builds them.
+phase "parity matrix (cached releases)" env LAZYQUOTA_PARITY_SEEDS=10 bash scripts/parity-matrix.sh --cached-only --others
 # Bounded versions of the benchmarks (the full ones are documented in README.md): they must
 # run, their figures are not asserted.
 phase "bench: heap (bounded)" env LAZYQUOTA_BENCH_OBJECTS=10000 cargo bench --locked -p lazyquota-index --bench heap

@@ -6,7 +6,10 @@
 //! - (a) pods, each projected from a realistic typed pod with [`PodProjection::from_pod`]
 //!   (one shared [`Interner`], as the controller has), into [`StoreKind::Pods`], under quotas
 //!   demanding `pods`, `requests.cpu` and `limits.memory`;
-//! - (b) count-only objects ([`Projected::Meta`]) into [`StoreKind::Counts`], under
+//! - (b) DRA resource claims, each projected with [`ClaimProjection::from_claim`], into
+//!   [`StoreKind::Claims`], under quotas of `count/resourceclaims.resource.k8s.io` and
+//!   `gpu.deviceclass.resource.k8s.io/devices`;
+//! - (c) count-only objects ([`Projected::Meta`]) into [`StoreKind::Counts`], under
 //!   `count/widgets.example.io` quotas.
 //!
 //! Reported per case: heap before and after, bytes per object (all heap growth, setup
@@ -29,14 +32,18 @@ use std::{
 };
 
 use dhat::HeapStats;
-use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::api::resource::Quantity as K8sQuantity};
+use k8s_openapi::{
+    api::{core::v1::Pod, resource::v1::ResourceClaim},
+    apimachinery::pkg::api::resource::Quantity as K8sQuantity,
+};
+use serde_json::json;
 use lazyquota_index::{
     engine::{Engine, Projected, StoreKind, same_value, store_kind},
     keys::{ClusterName, GroupResource, ObjectIds, QuotaKey},
     resolver::ServedResource,
     store::PartitionKey,
 };
-use lazyquota_quota::{FeatureGates, Interner, PodProjection, Time};
+use lazyquota_quota::{ClaimProjection, FeatureGates, Interner, PodProjection, Time};
 
 /// Store ids as the controller makes them (keyed, one key per process).
 fn object_id(name: &str) -> u64 {
@@ -64,6 +71,8 @@ const POD_TARGET: usize = 256;
 const COUNT_TARGET: usize = 64;
 
 const WIDGETS_COUNT_KEY: &str = "count/widgets.example.io";
+/// The claims case's key: devices of the `gpu` DeviceClass.
+const GPU_DEVICES_KEY: &str = "gpu.deviceclass.resource.k8s.io/devices";
 
 struct Config {
     objects: usize,
@@ -185,6 +194,41 @@ fn list_pods(s: &mut Setup, spread: &[usize], templates: &mut [Pod], interner: &
             let id = object_id(pod.metadata.name.as_deref().unwrap_or_default());
             if let Some(reason) = s.engine.relist_apply(s.kind, p, id, projected) {
                 panic!("pod not stored: {reason}");
+            }
+        }
+    }
+    for p in &s.partitions {
+        s.engine.finish_relist(s.kind, p);
+    }
+}
+
+/// A claim as the DRA examples write them: one request for one `gpu`, or (every third) a
+/// `firstAvailable` choice between two and one devices of two classes.
+fn claim_template(i: usize) -> ResourceClaim {
+    let requests = if i % 3 == 2 {
+        json!([{"name": "gpu", "firstAvailable": [
+            {"name": "big", "deviceClassName": "gpu", "allocationMode": "ExactCount", "count": 2},
+            {"name": "small", "deviceClassName": "gpu-small", "allocationMode": "ExactCount", "count": 1}]}])
+    } else {
+        json!([{"name": "gpu", "exactly": {"deviceClassName": "gpu", "allocationMode": "ExactCount", "count": 1}}])
+    };
+    serde_json::from_value(json!({"metadata": {"name": "c"}, "spec": {"devices": {"requests": requests}}}))
+        .expect("a valid claim")
+}
+
+fn list_claims(s: &mut Setup, spread: &[usize], interner: &Interner) {
+    let templates: Vec<ResourceClaim> = (0..3).map(claim_template).collect();
+    let mut name = String::with_capacity(64);
+    for p in &s.partitions {
+        s.engine.begin_relist(s.kind, p);
+    }
+    for (n, (p, count)) in s.partitions.iter().zip(spread).enumerate() {
+        for i in 0..*count {
+            name.clear();
+            write!(name, "job-{n:03}-{i:06}-gpu").expect("writing to a String");
+            let projected = Projected::Claim(ClaimProjection::from_claim(&templates[i % 3], interner, &object_id));
+            if let Some(reason) = s.engine.relist_apply(s.kind, p, object_id(&name), projected) {
+                panic!("claim not stored: {reason}");
             }
         }
     }
@@ -331,6 +375,47 @@ fn measure_pods(cfg: &Config, cluster: &ClusterName) -> Measured {
     }
 }
 
+fn measure_claims(cfg: &Config, cluster: &ClusterName) -> Measured {
+    let spread = cfg.spread();
+    let profiler = dhat::Profiler::builder().testing().build();
+    let before = HeapStats::get();
+    let interner = Interner::new();
+    let mut s = setup(
+        cluster,
+        served(GroupResource::new("resource.k8s.io", "resourceclaims"), "ResourceClaim"),
+        &[("count/resourceclaims.resource.k8s.io", "5000"), (GPU_DEVICES_KEY, "5000")],
+        cfg.namespaces,
+    );
+    assert_eq!(s.kind, StoreKind::Claims);
+    let after_setup = HeapStats::get();
+    list_claims(&mut s, &spread, &interner);
+    let after = HeapStats::get();
+    list_claims(&mut s, &spread, &interner);
+    let relisted = HeapStats::get();
+    drop(profiler);
+    let store_estimate = s
+        .engine
+        .held_by_resource()
+        .get("count/resourceclaims.resource.k8s.io")
+        .copied()
+        .unwrap_or_default();
+    // Two of three claims charge one gpu, the third its worst case of two.
+    let devices: Vec<usize> = spread.iter().map(|n| n / 3 * 4 + [0, 1, 2][n % 3]).collect();
+    let (compute_first, compute_median) = time_compute(&s.engine, &s.quotas, GPU_DEVICES_KEY, &devices);
+    Measured {
+        objects: cfg.objects,
+        namespaces: cfg.namespaces,
+        before,
+        after_setup,
+        after,
+        relisted,
+        store_estimate,
+        compute_first,
+        compute_median,
+        quotas: s.quotas.len(),
+    }
+}
+
 fn measure_counts(cfg: &Config, cluster: &ClusterName) -> Measured {
     let spread = cfg.spread();
     let profiler = dhat::Profiler::builder().testing().build();
@@ -405,10 +490,10 @@ fn verdict(value: usize, target: usize) -> String {
         format!("≤ {target} B: **missed**")
     }
 }
-fn report(cfg: &Config, pods: &Measured, counts: &Measured) -> String {
-    let mut rows: Vec<(String, String, String)> = Vec::new();
+fn report(cfg: &Config, pods: &Measured, claims: &Measured, counts: &Measured) -> String {
+    let mut rows: Vec<(String, String, String, String)> = Vec::new();
     let mut row = |label: &str, f: &dyn Fn(&Measured) -> String| {
-        rows.push((label.to_owned(), f(pods), f(counts)));
+        rows.push((label.to_owned(), f(pods), f(claims), f(counts)));
     };
     row("objects / namespaces", &|m| {
         format!("{} / {}", thousands(m.objects), m.namespaces)
@@ -436,12 +521,13 @@ fn report(cfg: &Config, pods: &Measured, counts: &Measured) -> String {
         format!("{} B", m.store_estimate.1 / m.store_estimate.0.max(1))
     });
     row("target", &|m| {
-        let target = if std::ptr::eq(m, pods) {
-            POD_TARGET
+        if std::ptr::eq(m, pods) {
+            verdict(m.per_object(), POD_TARGET)
+        } else if std::ptr::eq(m, counts) {
+            verdict(m.per_object(), COUNT_TARGET)
         } else {
-            COUNT_TARGET
-        };
-        verdict(m.per_object(), target)
+            "none set (measured)".to_owned()
+        }
     });
     row("relist peak (old + new generation)", &|m| bytes(m.relist_peak()));
     row("relist peak / heap after the objects", &|m| {
@@ -470,11 +556,11 @@ fn report(cfg: &Config, pods: &Measured, counts: &Measured) -> String {
     );
     let _ = writeln!(
         out,
-        "| | pods (`StoreKind::Pods`) | count-only (`StoreKind::Counts`) |"
+        "| | pods (`StoreKind::Pods`) | resource claims (`StoreKind::Claims`) | count-only (`StoreKind::Counts`) |"
     );
-    let _ = writeln!(out, "| --- | ---: | ---: |");
-    for (label, a, b) in &rows {
-        let _ = writeln!(out, "| {label} | {a} | {b} |");
+    let _ = writeln!(out, "| --- | ---: | ---: | ---: |");
+    for (label, a, b, c) in &rows {
+        let _ = writeln!(out, "| {label} | {a} | {b} | {c} |");
     }
     let _ = writeln!(
         out,
@@ -485,6 +571,16 @@ fn report(cfg: &Config, pods: &Measured, counts: &Measured) -> String {
          a table slot (`(u64, PodProjection)`) = {} B.",
         size_of::<PodProjection>(),
         size_of::<(u64, PodProjection)>(),
+    );
+    let _ = writeln!(
+        out,
+        "- Resource claims: DRA claims for one device of class `gpu`, every third a `firstAvailable` \
+         choice of two `gpu` or one `gpu-small` (charged its worst case per class), each projected with \
+         `ClaimProjection::from_claim` (class names interned), under a quota of \
+         `count/resourceclaims.resource.k8s.io` and `{GPU_DEVICES_KEY}` per namespace. \
+         `size_of::<ClaimProjection>()` = {} B, a table slot = {} B.",
+        size_of::<ClaimProjection>(),
+        size_of::<(u64, ClaimProjection)>(),
     );
     let _ = writeln!(
         out,
@@ -532,8 +628,9 @@ fn main() {
         cfg.objects, cfg.namespaces
     );
     let pods = measure_pods(&cfg, &cluster);
+    let claims = measure_claims(&cfg, &cluster);
     let counts = measure_counts(&cfg, &cluster);
-    let table = report(&cfg, &pods, &counts);
+    let table = report(&cfg, &pods, &claims, &counts);
     println!("{table}");
     if cfg.bench {
         let path = results_path(&cfg);
