@@ -302,11 +302,9 @@ async fn used_by_quota(client: &Client, kept: &[Kept]) -> UsedByQuota {
     out
 }
 
-/// The (namespace, quota, key) triples where `got` differs from `want` by value or presence.
-fn differences(
-    want: &UsedByQuota,
-    got: &UsedByQuota,
-) -> Vec<(String, String, String, Option<String>, Option<String>)> {
+/// The (namespace, quota, key) triples where `got` (lazyquota's writes) differs from `want`
+/// (KCM's) by value or presence; `seed_of` names each namespace's seed.
+fn differences(want: &UsedByQuota, got: &UsedByQuota, seed_of: &dyn Fn(&str) -> u64) -> Vec<Mismatch> {
     let empty = BTreeMap::new();
     let mut out = Vec::new();
     for ((ns, quota), expected) in want {
@@ -320,13 +318,14 @@ fn differences(
                 _ => false,
             };
             if !equal {
-                out.push((
-                    ns.clone(),
-                    quota.clone(),
-                    key.clone(),
-                    a.map(|q| q.0.clone()),
-                    b.map(|q| q.0.clone()),
-                ));
+                out.push(Mismatch {
+                    seed: seed_of(ns),
+                    namespace: ns.clone(),
+                    quota: format!("{quota} (through the controller)"),
+                    key: key.clone(),
+                    ours: a.map(|q| q.0.clone()),
+                    kcm: b.map(|q| q.0.clone()),
+                });
             }
         }
     }
@@ -357,11 +356,16 @@ async fn through_the_controller(client: &Client, kept: &[Kept]) -> (usize, Vec<M
         blanked.values().all(BTreeMap::is_empty),
         "every status.used is blank before lazyquota runs"
     );
+    let seed_of = |ns: &str| {
+        kept.iter()
+            .find(|k| k.fixture.namespace == ns)
+            .map_or(0, |k| k.fixture.seed)
+    };
     let lazyquota = Lazyquota::start(control_plane.kubeconfig(), &[]);
     let started = Instant::now();
     let mut left = Vec::new();
     while started.elapsed() < 2 * SYNC_TIMEOUT {
-        left = differences(&want, &used_by_quota(client, kept).await);
+        left = differences(&want, &used_by_quota(client, kept).await, &seed_of);
         if left.is_empty() {
             break;
         }
@@ -376,21 +380,7 @@ async fn through_the_controller(client: &Client, kept: &[Kept]) -> (usize, Vec<M
         println!("lazyquota's log:\n{}", lazyquota.log());
     }
     drop(lazyquota);
-    let mismatches = left
-        .into_iter()
-        .map(|(namespace, quota, key, ours, kcm)| Mismatch {
-            seed: kept
-                .iter()
-                .find(|k| k.fixture.namespace == namespace)
-                .map_or(0, |k| k.fixture.seed),
-            quota: format!("{quota} (through the controller)"),
-            namespace,
-            key,
-            ours,
-            kcm,
-        })
-        .collect();
-    (pairs, mismatches)
+    (pairs, left)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

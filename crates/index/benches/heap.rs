@@ -36,7 +36,6 @@ use k8s_openapi::{
     api::{core::v1::Pod, resource::v1::ResourceClaim},
     apimachinery::pkg::api::resource::Quantity as K8sQuantity,
 };
-use serde_json::json;
 use lazyquota_index::{
     engine::{Engine, Projected, StoreKind, same_value, store_kind},
     keys::{ClusterName, GroupResource, ObjectIds, QuotaKey},
@@ -44,6 +43,7 @@ use lazyquota_index::{
     store::PartitionKey,
 };
 use lazyquota_quota::{ClaimProjection, FeatureGates, Interner, PodProjection, Time};
+use serde_json::json;
 
 /// Store ids as the controller makes them (keyed, one key per process).
 fn object_id(name: &str) -> u64 {
@@ -226,7 +226,11 @@ fn list_claims(s: &mut Setup, spread: &[usize], interner: &Interner) {
         for i in 0..*count {
             name.clear();
             write!(name, "job-{n:03}-{i:06}-gpu").expect("writing to a String");
-            let projected = Projected::Claim(ClaimProjection::from_claim(&templates[i % 3], interner, &object_id));
+            let projected = Projected::Claim(ClaimProjection::from_claim(
+                &templates[i % 3],
+                interner,
+                &object_id,
+            ));
             if let Some(reason) = s.engine.relist_apply(s.kind, p, object_id(&name), projected) {
                 panic!("claim not stored: {reason}");
             }
@@ -382,8 +386,14 @@ fn measure_claims(cfg: &Config, cluster: &ClusterName) -> Measured {
     let interner = Interner::new();
     let mut s = setup(
         cluster,
-        served(GroupResource::new("resource.k8s.io", "resourceclaims"), "ResourceClaim"),
-        &[("count/resourceclaims.resource.k8s.io", "5000"), (GPU_DEVICES_KEY, "5000")],
+        served(
+            GroupResource::new("resource.k8s.io", "resourceclaims"),
+            "ResourceClaim",
+        ),
+        &[
+            ("count/resourceclaims.resource.k8s.io", "5000"),
+            (GPU_DEVICES_KEY, "5000"),
+        ],
         cfg.namespaces,
     );
     assert_eq!(s.kind, StoreKind::Claims);

@@ -108,6 +108,8 @@ fn clone_projected(p: &Projected) -> Projected {
         Projected::Pod(p) => Projected::Pod(p.clone()),
         Projected::Service(s) => Projected::Service(*s),
         Projected::Pvc(p) => Projected::Pvc(p.clone()),
+        Projected::Claim(c) => Projected::Claim(c.clone()),
+        Projected::DeviceClass(d) => Projected::DeviceClass(d.clone()),
         Projected::Malformed(reason) => Projected::Malformed(reason.clone()),
     }
 }

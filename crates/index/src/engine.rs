@@ -455,7 +455,7 @@ impl Engine {
             (StoreKind::Pvcs, Projected::Pvc(o)) => self.pvcs.relist_apply(p, id, o),
             (StoreKind::Claims, Projected::Claim(o)) => self.claims.relist_apply(p, id, o),
             (StoreKind::DeviceClasses, Projected::DeviceClass(o)) => {
-                self.device_classes.relist_apply(p, id, o)
+                self.device_classes.relist_apply(p, id, o);
             }
             (kind, object) => return Some(format!("{object:?} does not belong in the {kind:?} store")),
         }

@@ -621,8 +621,10 @@ const FLAG_CROSS_NAMESPACE_AFFINITY: u8 = 1 << 3;
 /// pod-level resources, overhead and in-place resize) are time-independent and precomputed.
 /// What depends on `now` (terminal phase, deletion grace) is kept raw.
 ///
-/// Size: 176 bytes inline on 64-bit targets; no heap for a typical pod except the status
-/// fingerprints (16 bytes per container status, only under `InPlacePodVerticalScaling`).
+/// Size: 168 bytes inline on 64-bit targets; no heap for a typical pod except the status
+/// fingerprints (16 bytes per container status, only under `InPlacePodVerticalScaling`). A pod
+/// requesting hugepages or extended resources keeps them, its uid and its extended-resource
+/// claim name in one more allocation.
 /// Interned names are shared and not counted (see [`PodProjection::heap_bytes`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodProjection {

@@ -1351,13 +1351,13 @@ async fn dra_objects(ns: &TestNamespace, seed: u64, fixture: &mut Fixture) -> Re
     let pods = ns.api::<Pod>();
     for index in 0..rng.range(1, 4) {
         let name = format!("dra-pod-{index}");
-        let foo = rng.range(1, 4);
+        let devices = rng.range(1, 4);
         let body = json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": { "name": name },
             "spec": { "containers": [{ "name": "app", "image": IMAGE, "resources": {
-                "requests": { DRA_EXTENDED_RESOURCE: foo.to_string() },
-                "limits": { DRA_EXTENDED_RESOURCE: foo.to_string() },
+                "requests": { DRA_EXTENDED_RESOURCE: devices.to_string() },
+                "limits": { DRA_EXTENDED_RESOURCE: devices.to_string() },
             }}]},
         });
         let pod = create::<Pod>(&pods, &body, seed).await?;
