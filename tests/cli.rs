@@ -109,6 +109,39 @@ async fn usage_and_explain_report_a_quota_from_direct_lists() {
     assert_eq!(clusters.len(), 1, "one cluster without cluster flags");
     let explain = &clusters[0];
     assert_eq!(explain["cluster"], "default");
+    assert_eq!(
+        explain["release"], "1.36",
+        "the test control plane's release, read from /version"
+    );
+    assert!(
+        explain["gates"]
+            .as_str()
+            .unwrap()
+            .contains("DRAExtendedResource=true"),
+        "1.36's defaults: {}",
+        explain["gates"]
+    );
+    let changed = lazyquota(&[
+        "explain",
+        "--kubeconfig",
+        &kubeconfig,
+        "-o",
+        "json",
+        "--feature-gates",
+        "DRAExtendedResource=false",
+    ]);
+    assert!(
+        changed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&changed.stderr)
+    );
+    let changed: serde_json::Value = serde_json::from_slice(&changed.stdout).expect("JSON");
+    assert!(
+        changed[0]["gates"]
+            .as_str()
+            .unwrap()
+            .contains("DRAExtendedResource=false")
+    );
     let resources = explain["resources"].as_array().expect("resources");
     let pending = resources
         .iter()
@@ -177,6 +210,35 @@ fn bad_input_gives_one_clear_error_line_and_a_non_zero_exit() {
     .unwrap();
     let refused = lazyquota(&["usage", "--kubeconfig", unreachable.to_str().unwrap()]);
     assert_one_line_error(&refused, "Connection refused");
+
+    // Feature gates: syntax is checked at once; names and locks against the cluster's release.
+    let syntax = lazyquota(&["usage", "--feature-gates", "DRAExtendedResource"]);
+    assert_one_line_error(&syntax, "is not Name=true or Name=false");
+    assert_eq!(syntax.status.code(), Some(2), "clap's usage error code");
+    let real = kubeconfig();
+    let real = Path::new(&real).to_str().unwrap();
+    let locked = lazyquota(&[
+        "usage",
+        "--kubeconfig",
+        real,
+        "--feature-gates",
+        "DynamicResourceAllocation=false",
+    ]);
+    assert_one_line_error(
+        &locked,
+        "cannot set feature gate DynamicResourceAllocation to false: it is locked to true in Kubernetes 1.36",
+    );
+    let unknown = lazyquota(&[
+        "usage",
+        "--kubeconfig",
+        real,
+        "--feature-gates",
+        "NoSuchGate=true",
+    ]);
+    assert_one_line_error(
+        &unknown,
+        "unrecognized feature gate NoSuchGate for Kubernetes 1.36",
+    );
 
     let flag = lazyquota(&["run", "--resync-period", "5x"]);
     assert_one_line_error(&flag, "unknown unit");

@@ -126,26 +126,25 @@ async fn admission_enforces_count_quota_that_kcm_accounts() {
 #[tokio::test]
 async fn kcm_quota_controller_is_switchable_and_kcm_metrics_are_readable() {
     let queue = "name=\"resourcequota_primary\"";
-    let with = ControlPlane::get(Flavor::KcmQuota)
-        .kcm_metrics()
+    // KCM serves /metrics before it has started every controller (a controller's queue shows
+    // once the controller is constructed): wait for the namespace controller's queue, which
+    // both flavours run, before looking for the quota controller's.
+    let settled = |flavor: Flavor, want_quota: bool| async move {
+        eventually(Duration::from_secs(60), || async move {
+            let metrics = ControlPlane::get(flavor).kcm_metrics().await.ok()?;
+            let ready = metrics.contains("workqueue_adds_total") && metrics.contains("name=\"namespace\"");
+            (ready && (!want_quota || metrics.contains(queue))).then_some(metrics)
+        })
         .await
-        .expect("KCM /metrics (quota on)");
+    };
+    let with = settled(Flavor::KcmQuota, true).await;
     assert!(
-        with.contains("workqueue_adds_total"),
-        "KCM /metrics has no workqueue metrics"
+        with.is_some(),
+        "KCM with its quota controller shows no resourcequota_primary queue within 60 s"
     );
-    assert!(
-        with.contains(queue),
-        "KCM with its quota controller has no resourcequota_primary queue"
-    );
-    let without = ControlPlane::get(Flavor::LazyquotaOnly)
-        .kcm_metrics()
+    let without = settled(Flavor::LazyquotaOnly, false)
         .await
-        .expect("KCM /metrics (quota off)");
-    assert!(
-        without.contains("workqueue_adds_total"),
-        "KCM /metrics has no workqueue metrics"
-    );
+        .expect("KCM /metrics (quota off) with its namespace controller's queue");
     assert!(
         !without.contains(queue),
         "KCM runs its quota controller in the lazyquota-only flavour"
