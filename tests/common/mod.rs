@@ -93,12 +93,24 @@ pub fn controller_as(
 }
 
 /// Fast settings for tests: a short discovery poll; the periodic resync is left at its
-/// default so tests see event-driven behaviour, not resyncs.
+/// default so tests see event-driven behaviour, not resyncs. The feature gates are those of
+/// the test control plane's release, as `lazyquota run` picks them from the server.
 pub fn test_config() -> Config {
     Config {
         discovery_poll: Duration::from_secs(30),
+        gates: test_gates(),
         ..Config::default()
     }
+}
+
+/// The gates of the pinned test control plane (`KUBE_VERSION` in
+/// tests/control-plane/versions.env).
+pub fn test_gates() -> lazyquota_quota::FeatureGates {
+    let pinned = include_str!("../control-plane/versions.env")
+        .lines()
+        .find_map(|l| l.strip_prefix("KUBE_VERSION="))
+        .expect("versions.env pins KUBE_VERSION");
+    lazyquota_quota::FeatureGates::for_version(pinned).0
 }
 
 /// A quota with `hard`.

@@ -168,6 +168,45 @@ fn case(
 }
 
 fn cases() -> Vec<Case> {
+    // Pods whose resize rows differ between releases (1.36 and 1.37 rows share them).
+    let two_resized = || {
+        vec![pod(
+            "r",
+            json!({"containers": [
+                {"name": "a", "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "2"}}},
+                {"name": "b", "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}}}]}),
+            json!({"phase": "Running", "containerStatuses": [
+                {"name": "a", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                 "allocatedResources": {"cpu": "1"},
+                 "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}}},
+                {"name": "b", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                 "allocatedResources": {"cpu": "1"},
+                 "resources": {"requests": {"cpu": "3"}, "limits": {"cpu": "3"}}}]}),
+        )]
+    };
+    let allocated_only = || {
+        vec![pod(
+            "r",
+            app(json!({"cpu": "1"}), json!({})),
+            json!({"phase": "Running", "containerStatuses": [
+                {"name": "app", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                 "allocatedResources": {"cpu": "4"}}]}),
+        )]
+    };
+    let init_resized = || {
+        vec![pod(
+            "r",
+            json!({"containers": [{"name": "app", "resources": {"requests": {"cpu": "1"}}}],
+                   "initContainers": [
+                {"name": "init", "resources": {"requests": {"cpu": "1"}}},
+                {"name": "side", "restartPolicy": "Always", "resources": {"requests": {"cpu": "1"}}}]}),
+            json!({"phase": "Running", "initContainerStatuses": [
+                {"name": "init", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                 "resources": {"requests": {"cpu": "7"}}},
+                {"name": "side", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                 "resources": {"requests": {"cpu": "2"}}}]}),
+        )]
+    };
     let gates_off = |f: fn(&mut FeatureGates)| {
         let mut g = FeatureGates::V1_36;
         f(&mut g);
@@ -459,48 +498,19 @@ fn cases() -> Vec<Case> {
         case(
             "resize: the max is taken per container, before summing (component-helpers v0.36)",
             quota(&["requests.cpu", "limits.cpu"]),
-            vec![pod(
-                "r",
-                json!({"containers": [
-                    {"name": "a", "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "2"}}},
-                    {"name": "b", "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}}}]}),
-                json!({"phase": "Running", "containerStatuses": [
-                    {"name": "a", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
-                     "allocatedResources": {"cpu": "1"},
-                     "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}}},
-                    {"name": "b", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
-                     "allocatedResources": {"cpu": "1"},
-                     "resources": {"requests": {"cpu": "3"}, "limits": {"cpu": "3"}}}]}),
-            )],
+            two_resized(),
             &[("requests.cpu", Some("5")), ("limits.cpu", Some("5"))],
         ),
         case(
             "resize: a status without resources is ignored, allocatedResources included",
             quota(&["requests.cpu"]),
-            vec![pod(
-                "r",
-                app(json!({"cpu": "1"}), json!({})),
-                json!({"phase": "Running", "containerStatuses": [
-                    {"name": "app", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
-                     "allocatedResources": {"cpu": "4"}}]}),
-            )],
+            allocated_only(),
             &[("requests.cpu", Some("1"))],
         ),
         case(
             "resize: only sidecars among init containers use their status",
             quota(&["requests.cpu"]),
-            vec![pod(
-                "r",
-                json!({"containers": [{"name": "app", "resources": {"requests": {"cpu": "1"}}}],
-                       "initContainers": [
-                    {"name": "init", "resources": {"requests": {"cpu": "1"}}},
-                    {"name": "side", "restartPolicy": "Always", "resources": {"requests": {"cpu": "1"}}}]}),
-                json!({"phase": "Running", "initContainerStatuses": [
-                    {"name": "init", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
-                     "resources": {"requests": {"cpu": "7"}}},
-                    {"name": "side", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
-                     "resources": {"requests": {"cpu": "2"}}}]}),
-            )],
+            init_resized(),
             &[("requests.cpu", Some("3"))],
         ),
         Case {
@@ -508,19 +518,7 @@ fn cases() -> Vec<Case> {
             ..case(
                 "resize (1.37): the max is taken over the per-source sums (component-helpers v0.37)",
                 quota(&["requests.cpu", "limits.cpu"]),
-                vec![pod(
-                    "r",
-                    json!({"containers": [
-                        {"name": "a", "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "2"}}},
-                        {"name": "b", "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}}}]}),
-                    json!({"phase": "Running", "containerStatuses": [
-                        {"name": "a", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
-                         "allocatedResources": {"cpu": "1"},
-                         "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}}},
-                        {"name": "b", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
-                         "allocatedResources": {"cpu": "1"},
-                         "resources": {"requests": {"cpu": "3"}, "limits": {"cpu": "3"}}}]}),
-                )],
+                two_resized(),
                 &[("requests.cpu", Some("4")), ("limits.cpu", Some("4"))],
             )
         },
@@ -529,13 +527,7 @@ fn cases() -> Vec<Case> {
             ..case(
                 "resize (1.37): allocatedResources counts without resources",
                 quota(&["requests.cpu"]),
-                vec![pod(
-                    "r",
-                    app(json!({"cpu": "1"}), json!({})),
-                    json!({"phase": "Running", "containerStatuses": [
-                        {"name": "app", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
-                         "allocatedResources": {"cpu": "4"}}]}),
-                )],
+                allocated_only(),
                 &[("requests.cpu", Some("4"))],
             )
         },
@@ -544,18 +536,7 @@ fn cases() -> Vec<Case> {
             ..case(
                 "resize (1.37): every init container uses its status",
                 quota(&["requests.cpu"]),
-                vec![pod(
-                    "r",
-                    json!({"containers": [{"name": "app", "resources": {"requests": {"cpu": "1"}}}],
-                           "initContainers": [
-                        {"name": "init", "resources": {"requests": {"cpu": "1"}}},
-                        {"name": "side", "restartPolicy": "Always", "resources": {"requests": {"cpu": "1"}}}]}),
-                    json!({"phase": "Running", "initContainerStatuses": [
-                        {"name": "init", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
-                         "resources": {"requests": {"cpu": "7"}}},
-                        {"name": "side", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
-                         "resources": {"requests": {"cpu": "2"}}}]}),
-                )],
+                init_resized(),
                 &[("requests.cpu", Some("7"))],
             )
         },
