@@ -54,11 +54,15 @@ fn object_id(name: &str) -> u64 {
 #[global_allocator]
 static ALLOC: dhat::Alloc = dhat::Alloc;
 
-/// Objects per case when `LAZYQUOTA_BENCH_OBJECTS` is unset.
 mod support;
 
+// The root's benchmark helpers (std only): the commit a result file was measured at.
+#[allow(dead_code)]
+#[path = "../../../benches/common/mod.rs"]
+mod common;
 use support::{pod, quota, served};
 
+/// Objects per case when `LAZYQUOTA_BENCH_OBJECTS` is unset.
 const DEFAULT_OBJECTS: usize = 100_000;
 /// Objects per case in a smoke run (no `--bench` argument).
 const SMOKE_OBJECTS: usize = 1_000;
@@ -553,6 +557,7 @@ fn report(cfg: &Config, pods: &Measured, claims: &Measured, counts: &Measured) -
 
     let mut out = String::new();
     let _ = writeln!(out, "# Heap per watched object\n");
+    let _ = writeln!(out, "Measured at commit `{}`.\n", common::commit());
     let _ = writeln!(
         out,
         "`{}cargo bench -p lazyquota-index --bench heap` ({} objects per case, spread over {} namespaces).\n",
