@@ -405,11 +405,7 @@ impl<T> PolicyIndex<T> {
         namespaces
             .keys()
             .flat_map(|ns| self.in_namespace(cluster, ns))
-            .filter(|k| {
-                self.quotas
-                    .get(*k)
-                    .is_some_and(|e| e.demands.contains_key(resource))
-            })
+            .filter(|k| self.demands(k, resource))
             .cloned()
             .collect()
     }
@@ -421,13 +417,16 @@ impl<T> PolicyIndex<T> {
             .get(cluster)
             .into_iter()
             .flat_map(|n| n.values().flatten())
-            .filter(|k| {
-                self.quotas
-                    .get(*k)
-                    .is_some_and(|e| e.demands.contains_key(resource))
-            })
+            .filter(|k| self.demands(k, resource))
             .cloned()
             .collect()
+    }
+
+    /// Whether the quota `key` demands `resource`.
+    fn demands(&self, key: &QuotaKey, resource: &GroupResource) -> bool {
+        self.quotas
+            .get(key)
+            .is_some_and(|e| e.demands.contains_key(resource))
     }
 
     fn in_namespace<'a>(
