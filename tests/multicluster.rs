@@ -107,7 +107,30 @@ async fn one_process_serves_three_clusters_independently() {
             watches(c2, "configmaps").await,
         ]
     };
-    let baseline = seen().await;
+    // KCM (cluster-0 only) may still be starting its informers when this binary has just
+    // started the control plane: wait until its root-CA publisher has served the new namespace
+    // (its informers run), then until three samples a second apart agree, so a watch that
+    // reconnects or starts late is not mistaken for lazyquota's.
+    let root_ca = Api::<ConfigMap>::namespaced(c0.clone(), &ns);
+    let published = eventually(Duration::from_secs(30), || async {
+        root_ca.get_opt("kube-root-ca.crt").await.ok().flatten()
+    })
+    .await;
+    assert!(published.is_some(), "KCM publishes the root CA in cluster-0");
+    let mut samples = vec![seen().await];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let baseline = loop {
+        let last = &samples[samples.len().saturating_sub(3)..];
+        if last.len() == 3 && last.iter().all(|s| *s == last[0]) {
+            break last[0];
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "apiserver watch counts never settled: {samples:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        samples.push(seen().await);
+    };
 
     let process = Lazyquota::start(&kubeconfig, &["--all-contexts", "--discovery-poll", "30s"]);
 
