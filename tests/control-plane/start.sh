@@ -15,6 +15,8 @@
 #   LAZYQUOTA_CP_TIMEOUT=60      seconds to wait for each component to become ready
 #   LAZYQUOTA_APISERVER_ARGS     extra kube-apiserver flags (space separated)
 #   LAZYQUOTA_KCM_ARGS           extra kube-controller-manager flags (space separated)
+#   LAZYQUOTA_KCM_CONTROLLERS    more KCM controllers, comma separated (the node flavour's
+#                                deployment, replicaset, garbage collector, ...)
 #   LAZYQUOTA_EXTRA_APISERVERS=N more kube-apiservers on the same etcd, each its own cluster
 #                                (its own --etcd-prefix); clusters.kubeconfig then has contexts
 #                                cluster-0 (the first apiserver) .. cluster-N (default: 0)
@@ -227,6 +229,9 @@ if [[ $kcm == on ]]; then
   controllers=serviceaccount-token-controller,serviceaccount-controller,root-ca-certificate-publisher-controller,namespace-controller
   if [[ $kcm_quota == on ]]; then
     controllers+=,resourcequota-controller
+  fi
+  if [[ -n ${LAZYQUOTA_KCM_CONTROLLERS:-} ]]; then
+    controllers+=,$LAZYQUOTA_KCM_CONTROLLERS
   fi
   # shellcheck disable=SC2086
   start_bg kube-controller-manager "$bin/kube-controller-manager" \
