@@ -74,7 +74,7 @@ check "defaults: 2 replicas, leader election, restricted pod, probes" contains "
   "runAsNonRoot: true" "runAsUser: 65532" "readOnlyRootFilesystem: true" \
   "allowPrivilegeEscalation: false" "- ALL" "type: RuntimeDefault" \
   "path: /healthz" "path: /readyz" "name: POD_NAME" "name: POD_NAMESPACE" "name: RUST_LOG" \
-  'apiGroups: ["*"]' "image: \"lazyquota:0.1.0\"" "- --metrics-auth" '"none"'
+  'apiGroups: ["*"]' "image: \"lazyquota:0.1.0\"" "- --metrics-auth" '"none"' "kind: Lease"
 check "defaults: optional objects off" lacks "$work/default.yaml" \
   "kind: ServiceMonitor" "kind: PodMonitor" "kind: PrometheusRule" "kind: NetworkPolicy" \
   "- --shadow" "LAZYQUOTA_KCP_SHARD_URL" "system:auth-delegator" "scheme: HTTPS" \
@@ -96,7 +96,13 @@ check "values-all: every optional object and flag" contains "$work/all.yaml" \
   "alert: LazyquotaQuotaNearlyFull" \
   "expr: lazyquota_quota_usage_ratio >= 0.9" "for: 15m"
 check "values-all: leader election off, no wildcard rule" lacks "$work/all.yaml" \
-  "- --leader-elect" "kind: Role" 'apiGroups: ["*"]'
+  "- --leader-elect" "kind: Role" 'apiGroups: ["*"]' "kind: Lease"
+
+check "helm template (hostNetwork)" template_to "$work/host.yaml" --set hostNetwork=true
+check "hostNetwork: host network, metrics on the pod IP from the downward API" contains "$work/host.yaml" \
+  "hostNetwork: true" "dnsPolicy: ClusterFirstWithHostNet" "name: POD_IP" "fieldPath: status.podIP" \
+  '"$(POD_IP):9090"'
+check "defaults: pod network" lacks "$work/default.yaml" "hostNetwork: true" "name: POD_IP"
 
 check "schema rejects an unknown value" fails_with "'notAValue' not allowed" template --set notAValue=1
 check "schema rejects a bad enum" fails_with "/controller/mode" template --set controller.mode=busy

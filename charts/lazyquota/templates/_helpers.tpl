@@ -86,7 +86,12 @@ The container arguments: the flags of `lazyquota run`.
 {{- define "lazyquota.args" -}}
 - run
 - --metrics-addr
+{{- if .Values.hostNetwork }}
+{{- /* $(POD_IP) is expanded by the kubelet from the container's env (see deployment.yaml). */}}
+- {{ printf "$(POD_IP):%d" (int .Values.metrics.port) | quote }}
+{{- else }}
 - {{ printf "0.0.0.0:%d" (int .Values.metrics.port) | quote }}
+{{- end }}
 - --metrics-auth
 - {{ .Values.metrics.auth | default "none" | quote }}
 - --mode
