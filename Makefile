@@ -1,5 +1,5 @@
 # The two set-up commands are `make demo` and `make test`; see README.md.
-.PHONY: demo test control-plane kcp kcp-start cp-start cp-stop lint parity-matrix
+.PHONY: demo demo-helm test control-plane node node-stop kcp kcp-start cp-start cp-stop lint parity-matrix
 
 CP_DIR ?= $(CURDIR)/.lazyquota/demo
 
@@ -8,6 +8,19 @@ demo: control-plane
 	LAZYQUOTA_CP_DIR=$(CP_DIR) LAZYQUOTA_KCM_QUOTA=off bash tests/control-plane/start.sh
 	@echo "kubectl --kubeconfig $(CP_DIR)/admin.kubeconfig ... ; stop the control plane with: make cp-stop"
 	cargo run --release -- run --kubeconfig $(CP_DIR)/admin.kubeconfig
+
+## The Helm chart's pods on two real nodes (kubelet + containerd on this machine, no kind or
+## Docker; needs root and Debian's runc): builds, starts, installs and prints what to look at.
+demo-helm:
+	bash scripts/demo-helm.sh
+
+## Stop what demo-helm started.
+node-stop:
+	bash tests/control-plane/node/stop.sh .lazyquota/node
+
+## Build kubelet, kube-scheduler, containerd, Prometheus and the pause binary for the node flavour (cached).
+node:
+	bash tests/control-plane/node/build.sh
 
 ## Run every test against real control planes (built and started as needed, stopped after).
 test:
@@ -43,6 +56,8 @@ cp-stop:
 	bash tests/control-plane/kcp/stop.sh .lazyquota/testenv-kcp-quota
 	bash tests/control-plane/kcp/stop.sh .lazyquota/testenv-kcp-lazyquota-only
 	bash tests/control-plane/kcp/stop.sh .lazyquota/kcp
+	bash tests/control-plane/node/stop.sh .lazyquota/node
+	bash tests/control-plane/node/stop.sh .lazyquota/testenv-node
 
 lint:
 	cargo fmt --all -- --check

@@ -26,6 +26,8 @@ stop_all() {
     bash tests/control-plane/kcp/stop.sh ".lazyquota/testenv-$flavour" >/dev/null ||
       echo "warning: stopping the $flavour kcp shard failed" >&2
   done
+  bash tests/control-plane/node/stop.sh .lazyquota/testenv-node 2>/dev/null ||
+    echo "warning: stopping the node flavour failed" >&2
 }
 report() {
   local rc=$?
@@ -44,6 +46,7 @@ phase "format check" cargo fmt --all -- --check
 phase "control plane build" bash tests/control-plane/build.sh >/dev/null
 phase "kcp build" bash tests/control-plane/kcp/build.sh >/dev/null
 phase "helm build" bash tests/helm/build.sh >/dev/null
+phase "node build" bash tests/control-plane/node/build.sh >/dev/null
 phase "helm lint/template" bash tests/helm/check.sh
 phase "clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 phase "cargo-deny" bash scripts/deny.sh
@@ -63,3 +66,5 @@ phase "bench: kcp seed scenario (bounded)" cargo bench --locked --bench kcp -- -
 # deploy/Dockerfile's build stage without an image engine: exactly the files it copies, the
 # same cargo build (after the benches, whose release dependencies it reuses).
 phase "image build stage" bash deploy/build-stage.sh
+# The chart's pods on two real nodes (kubelet, containerd, runc), with that binary's image.
+phase "helm on nodes" bash tests/helm/node-test.sh "$PWD/target/release/lazyquota"
