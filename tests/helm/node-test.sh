@@ -150,6 +150,9 @@ watches() {
   [[ $out =~ ^[0-9]+$ ]] && ((out >= 1))
 }
 eventually 60 "PromQL: lazyquota_active_watches{resource=\"configmaps\"} >= 1 on the leader" watches
+# jemalloc (linked into the binary) runs under the read-only root and RuntimeDefault seccomp.
+jemalloc() { [[ $(promql 'count(lazyquota_jemalloc_allocated_bytes > 0)' | jq -r '.data.result[0].value[1]') == 2 ]]; }
+eventually 30 "PromQL: both pods report jemalloc's allocated bytes" jemalloc
 
 step "4. the leader pod is deleted"
 "${kubectl[@]}" -n "$ns" delete pod "$leader" --wait=false >/dev/null
