@@ -12,10 +12,10 @@ use lazyquota_index::keys::ClusterName;
 use lazyquota_kube::{
     client::Transport,
     controller::{Config, Controller, Mode, SnapshotHandle},
-    kcp::Shard,
     lease::{LeaseLock, Timing},
     metrics::Metrics,
     report,
+    shard::Shard,
     source::{ClusterFlags, ClusterSource, Endpoint},
 };
 use lazyquota_quota::FeatureGates;

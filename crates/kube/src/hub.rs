@@ -58,8 +58,8 @@ use tokio::sync::{Notify, mpsc, watch};
 use tracing::{debug, info, warn};
 
 use crate::{
-    kcp::{CLUSTER_ANNOTATION, Shard},
     metrics::Metrics,
+    shard::{CLUSTER_ANNOTATION, Shard},
     watch::{ObjectEvent, Tagged, WatchItem, WatchKey, api_resource},
 };
 

@@ -11,6 +11,8 @@ pub mod kcp;
 pub mod lease;
 pub mod metrics;
 pub mod report;
+pub mod shard;
+pub mod snapshot;
 pub mod source;
 pub mod watch;
 

@@ -16,7 +16,7 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
-use crate::controller::Snapshot;
+use crate::snapshot::Snapshot;
 
 /// The metrics of one lazyquota process.
 #[derive(Clone)]
@@ -487,7 +487,7 @@ mod tests {
 
     #[test]
     fn per_quota_gauges_report_used_hard_and_ratio_up_to_the_cap() {
-        use crate::controller::QuotaKeyUsage;
+        use crate::snapshot::QuotaKeyUsage;
         let sample = |quota: &str, resource: &str, used: Option<f64>, hard: f64| QuotaKeyUsage {
             cluster: "c".into(),
             namespace: "team".into(),
