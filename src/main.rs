@@ -8,7 +8,7 @@ use futures::future::{BoxFuture, FutureExt as _};
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use lazyquota_index::keys::ClusterName;
+use lazyquota_index::{keys::ClusterName, planner::PlanSettings};
 use lazyquota_kube::{
     client::Transport,
     controller::{Config, Controller, Mode, SnapshotHandle},
@@ -59,9 +59,9 @@ struct UsageArgs {
 struct ExplainArgs {
     #[command(flatten)]
     cluster: ClusterArgs,
-    /// The controller's --namespace-watch-threshold, to show each watch's scope.
-    #[arg(long, value_name = "N", default_value_t = 8)]
-    namespace_watch_threshold: usize,
+    /// The watch flags of the `run` being explained.
+    #[command(flatten)]
+    watch: WatchArgs,
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = Output::Table)]
     output: Output,
@@ -213,10 +213,8 @@ impl ClusterArgs {
 struct RunArgs {
     #[command(flatten)]
     cluster: ClusterArgs,
-    /// Which resource types are watched: only those some ResourceQuota constrains (lazy), or
-    /// every quotable type, as upstream KCM does (eager; kept for comparison).
-    #[arg(long, value_enum, default_value_t = ModeArg::Lazy)]
-    mode: ModeArg,
+    #[command(flatten)]
+    watch: WatchArgs,
     /// Full recalculation of every quota (KCM: --resource-quota-sync-period). 0 disables.
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
     resync_period: Duration,
@@ -226,10 +224,6 @@ struct RunArgs {
     /// Compute and report status.used (log lines and a metric per disagreeing key), never write.
     #[arg(long)]
     shadow: bool,
-    /// Above this many namespaces demanding a resource type, watch it cluster-wide (filtered at
-    /// ingest) instead of with one watch per namespace.
-    #[arg(long, value_name = "N", default_value_t = 8)]
-    namespace_watch_threshold: usize,
     /// Safety-net discovery poll; CRD and APIService changes trigger discovery at once.
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
     discovery_poll: Duration,
@@ -305,6 +299,29 @@ struct LeaderArgs {
     /// How often candidates retry and the leader renews.
     #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
     leader_election_retry_period: Duration,
+}
+
+/// What the watch planner takes from the command line: `run` and `explain` share these flags,
+/// so `explain` answers for the `run` it is given.
+#[derive(Args, Clone, Copy)]
+struct WatchArgs {
+    /// Which resource types are watched: only those some ResourceQuota constrains (lazy), or
+    /// every quotable type, as upstream KCM does (eager; kept for comparison).
+    #[arg(long, value_enum, default_value_t = ModeArg::Lazy)]
+    mode: ModeArg,
+    /// Above this many namespaces demanding a resource type, watch it cluster-wide (filtered at
+    /// ingest) instead of with one watch per namespace.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    namespace_watch_threshold: usize,
+}
+
+impl WatchArgs {
+    fn mode(self) -> Mode {
+        match self.mode {
+            ModeArg::Lazy => Mode::Lazy,
+            ModeArg::Eager => Mode::Eager,
+        }
+    }
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -416,11 +433,10 @@ fn init_tracing(format: LogFormat) {
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let RunArgs {
         cluster,
-        mode,
+        watch,
         resync_period,
         concurrency,
         shadow,
-        namespace_watch_threshold,
         discovery_poll,
         streaming_lists,
         transport,
@@ -463,14 +479,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let config = Config {
         instance: identity.clone(),
-        mode: match mode {
-            ModeArg::Lazy => Mode::Lazy,
-            ModeArg::Eager => Mode::Eager,
-        },
+        mode: watch.mode(),
         resync_period,
         concurrency: usize::from(concurrency),
         shadow,
-        namespace_watch_threshold,
+        namespace_watch_threshold: watch.namespace_watch_threshold,
         discovery_poll,
         streaming_lists: match streaming_lists {
             StreamingLists::Auto => None,
@@ -758,7 +771,7 @@ fn in_cluster(endpoints: &[Endpoint], name: &ClusterName) -> String {
 async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     let ExplainArgs {
         cluster,
-        namespace_watch_threshold,
+        watch,
         output,
     } = args;
     let kcp = cluster.kcp_shard_url.is_some();
@@ -773,7 +786,12 @@ async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
         gates,
     } in &endpoints
     {
-        let report = report::explain(client, name, namespace_watch_threshold, *gates, kcp)
+        let settings = PlanSettings {
+            mode: watch.mode(),
+            namespace_watch_threshold: watch.namespace_watch_threshold,
+            gates: *gates,
+        };
+        let report = report::explain(client, name, settings, kcp)
             .await
             .with_context(|| in_cluster(&endpoints, name))?;
         reports.push(report::Explain {
@@ -833,6 +851,11 @@ fn print_explain(report: &report::Explain) {
         ]);
     }
     print_table(&rows);
+    for r in &report.resources {
+        if let Some(reason) = &r.scope_reason {
+            println!("{} {}: {reason}", r.scope, r.resource);
+        }
+    }
     for r in report.resources.iter().filter(|r| r.pending.is_some()) {
         println!(
             "pending {}: {}",

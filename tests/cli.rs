@@ -160,6 +160,53 @@ async fn usage_and_explain_report_a_quota_from_direct_lists() {
             .iter()
             .any(|n| n == ns.name())
     );
+    // The scope and its reason come from the watch planner the controller uses, with the
+    // flags `run` takes.
+    assert_eq!(pending["scope"], "-", "nothing watched while pending");
+    assert_eq!(configmaps["scope"], "namespaced");
+    assert!(
+        configmaps["scope_reason"]
+            .as_str()
+            .unwrap()
+            .ends_with("within --namespace-watch-threshold 8"),
+        "{configmaps}"
+    );
+    let explain_with = |flags: &[&str]| -> serde_json::Value {
+        let mut args = vec!["explain", "--kubeconfig", &kubeconfig, "-o", "json"];
+        args.extend_from_slice(flags);
+        let out = lazyquota(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        report[0]["resources"].clone()
+    };
+    let find = |resources: &serde_json::Value, name: &str| {
+        resources
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["resource"] == name)
+            .cloned()
+    };
+    let low = explain_with(&["--namespace-watch-threshold", "0"]);
+    let configmaps = find(&low, "count/configmaps").expect("configmaps listed");
+    assert_eq!(configmaps["scope"], "cluster-wide");
+    assert!(
+        configmaps["scope_reason"]
+            .as_str()
+            .unwrap()
+            .contains("above --namespace-watch-threshold 0"),
+        "{configmaps}"
+    );
+    let eager = explain_with(&["--mode", "eager"]);
+    for name in ["count/configmaps", "count/pods"] {
+        let r = find(&eager, name).unwrap_or_else(|| panic!("eager mode lists {name}"));
+        assert_eq!(r["scope"], "cluster-wide", "{r}");
+        assert!(
+            r["scope_reason"].as_str().unwrap().starts_with("eager mode"),
+            "{r}"
+        );
+    }
+    assert_eq!(find(&eager, "count/pods").unwrap()["watch"], "typed");
     let never = format!("{}/q: limits.example.com/gpu", ns.name());
     assert!(
         explain["never_computed"]

@@ -39,9 +39,10 @@ use kube::{
     },
 };
 use lazyquota_index::{
-    demand::{device_classes, is_cluster_wide},
+    demand::is_cluster_wide,
     engine::{Applied, Engine, Projected, StoreKind, same_value, store_kind},
     keys::{ALL_NAMESPACES, ClusterName, GroupResource, Need, QuotaKey},
+    planner::{self, Plan, PlanSettings},
     policy::DemandChange,
     queue::WorkQueue,
     resolver::ResolverChange,
@@ -59,14 +60,7 @@ use crate::{
     watch::{ObjectEvent, WatchItem, WatchKey, WatchOptions},
 };
 
-/// Which resource types are watched.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// Only the types some ResourceQuota constrains (the point of lazyquota).
-    Lazy,
-    /// Every quotable type discovery returns, as upstream KCM does (for comparison).
-    Eager,
-}
+pub use lazyquota_index::planner::Mode;
 
 /// Controller settings. Defaults follow upstream KCM where it has one.
 #[derive(Clone, Debug)]
@@ -540,21 +534,11 @@ impl Controller {
             }
             touched.insert(r.clone());
         }
-        if self.config.mode == Mode::Eager {
-            touched.extend(
-                self.engine
-                    .resolver
-                    .quotable(&cluster)
-                    .map(|s| s.resource.clone()),
-            );
-            // Upstream's resourceclaims evaluator keeps a DeviceClass informer of its own.
-            let classes = device_classes();
-            if self.config.gates.dra_extended_resource
-                && self.engine.resolver.get(&cluster, &classes).is_some()
-            {
-                touched.insert(classes);
-            }
-        }
+        touched.extend(planner::eager_resources(
+            &self.engine,
+            &self.plan_settings(),
+            &cluster,
+        ));
         let now = Instant::now();
         for resource in &touched {
             self.sync_watches(&cluster, resource);
@@ -621,66 +605,19 @@ impl Controller {
         }
     }
 
-    /// The watches (cluster, resource) should have now, with the namespaces each fills.
-    fn desired_watches(
-        &self,
-        cluster: &ClusterName,
-        resource: &GroupResource,
-    ) -> BTreeMap<WatchKey, BTreeSet<Arc<str>>> {
-        let mut desired = BTreeMap::new();
-        if self.engine.resolver.get(cluster, resource).is_none() {
-            return desired; // pending: not served (yet)
+    /// The watches (cluster, resource) should have now, with the namespaces each fills: the
+    /// planner's answer for this run's settings.
+    fn desired_watches(&self, cluster: &ClusterName, resource: &GroupResource) -> Plan {
+        planner::desired_watches(&self.engine, &self.plan_settings(), cluster, resource)
+    }
+
+    /// The settings the planner takes from this run's configuration.
+    fn plan_settings(&self) -> PlanSettings {
+        PlanSettings {
+            mode: self.config.mode,
+            namespace_watch_threshold: self.config.namespace_watch_threshold,
+            gates: self.config.gates,
         }
-        let key = |namespace: Option<String>, need| WatchKey {
-            cluster: cluster.clone(),
-            resource: resource.clone(),
-            namespace,
-            need,
-        };
-        if self.config.mode == Mode::Eager {
-            // Upstream uses typed informers for the core types its evaluators read, metadata
-            // informers for everything else.
-            let typed = (resource.group.is_empty()
-                && ["pods", "services", "persistentvolumeclaims"].contains(&resource.resource.as_str()))
-                || (resource.is("resource.k8s.io", "resourceclaims")
-                    && self.config.gates.dynamic_resource_allocation)
-                || (resource.is("resource.k8s.io", "deviceclasses")
-                    && self.config.gates.dra_extended_resource);
-            // A cluster-wide context resource fills the one all-namespaces partition, as in
-            // lazy mode; every other eager watch holds each namespace it sees.
-            let namespaces = if is_cluster_wide(resource) {
-                BTreeSet::from([Arc::from(ALL_NAMESPACES)])
-            } else {
-                BTreeSet::new()
-            };
-            desired.insert(
-                key(None, if typed { Need::Typed } else { Need::Count }),
-                namespaces,
-            );
-            return desired;
-        }
-        let demand = self.engine.index.demand_of(cluster, resource);
-        let Some(need) = demand.values().copied().max() else {
-            return desired;
-        };
-        // kcp's cluster-scoped quotas demand every namespace, and a cluster-scoped resource
-        // (kcp only) has no namespaced watch: one cluster-wide watch.
-        let namespaced = self
-            .engine
-            .resolver
-            .get(cluster, resource)
-            .is_some_and(|s| s.namespaced);
-        if !namespaced
-            || demand.contains_key(ALL_NAMESPACES)
-            || demand.len() > self.config.namespace_watch_threshold
-        {
-            desired.insert(key(None, need), demand.keys().cloned().collect());
-        } else {
-            for ns in demand.keys() {
-                desired.insert(key(Some(ns.to_string()), need), BTreeSet::from([ns.clone()]));
-            }
-        }
-        desired
     }
 
     fn sync_watches(&mut self, cluster: &ClusterName, resource: &GroupResource) {

@@ -14,6 +14,7 @@ use lazyquota_index::{
     demand::{needs, replenished_by},
     engine::{Engine, same_value, store_kind},
     keys::{ALL_NAMESPACES, ClusterName, GroupResource, Need, QuotaKey},
+    planner::{self, PlanSettings},
     resolver::ServedResource,
     store::PartitionKey,
 };
@@ -161,8 +162,11 @@ pub struct WatchedResource {
     pub version: Option<String>,
     /// `metadata` (counts only) or `typed` (projection of pods, services, PVCs).
     pub watch: &'static str,
-    /// `namespaced` (one watch per namespace) or `cluster-wide` (filtered at ingest).
+    /// `namespaced` (one watch per namespace), `cluster-wide` (filtered at ingest), or `-`
+    /// (nothing watched: pending).
     pub scope: &'static str,
+    /// Why that scope (the threshold, eager mode, a cluster-scoped type or quota).
+    pub scope_reason: Option<String>,
     /// Namespaces that demand it.
     pub namespaces: Vec<String>,
     /// Demanding quotas, as `namespace/name: key, key`.
@@ -191,15 +195,17 @@ pub struct Explain {
     pub gates: String,
 }
 
-/// What lazyquota (lazy mode, with `threshold`) watches for the cluster's quotas now, and why.
-/// With `kcp`, kcp's cluster-scoped quotas demand every namespace (`*`).
+/// What lazyquota, run with `settings` (the mode and threshold flags `run` takes, the
+/// cluster's gates), watches for the cluster's quotas now, and why: the watch planner's answer
+/// ([`lazyquota_index::planner::why`]), the same function the controller plans with. With
+/// `kcp`, kcp's cluster-scoped quotas demand every namespace (`*`).
 pub async fn explain(
     client: &Client,
     cluster: &ClusterName,
-    threshold: usize,
-    gates: FeatureGates,
+    settings: PlanSettings,
     kcp: bool,
 ) -> Result<Explain, Error> {
+    let gates = settings.gates;
     let cluster = cluster.clone();
     let discovered = discover(client).await.map_err(Error::Discovery)?;
     let served_all: BTreeMap<GroupResource, ServedResource> = discovered
@@ -209,12 +215,10 @@ pub async fn explain(
         .collect();
     let (engine, quotas) = load_with(client, &cluster, None, gates, discovered, false, kcp).await?;
     let mut resources = Vec::new();
-    let demanded: Vec<(ClusterName, GroupResource)> = engine.index.demanded().cloned().collect();
-    for (c, resource) in demanded {
-        let demand = engine.index.demand_of(&c, &resource);
-        let need = demand.values().copied().max().unwrap_or(Need::Count);
-        let served = engine.resolver.get(&c, &resource);
-        let pending = served.is_none().then(|| match served_all.get(&resource) {
+    let c = &cluster;
+    for resource in planner::considered(&engine, &settings, c) {
+        let why = planner::why(&engine, &settings, c, &resource);
+        let pending = why.served.is_none().then(|| match served_all.get(&resource) {
             None => "not served by the apiserver (yet): its watch starts when discovery sees it".to_owned(),
             Some(s) if !s.namespaced && !s.context() => {
                 "cluster-scoped: quota counts only namespaced resources".to_owned()
@@ -228,7 +232,7 @@ pub async fn explain(
         });
         let mut demanding = Vec::new();
         for (key, entry) in engine.index.quotas() {
-            if key.cluster != c || !entry.demands().contains_key(&resource) {
+            if &key.cluster != c || !entry.demands().contains_key(&resource) {
                 continue;
             }
             let keys: Vec<&str> = entry
@@ -248,17 +252,11 @@ pub async fn explain(
         demanding.sort();
         resources.push(WatchedResource {
             resource: resource.object_count_name(),
-            version: served.map(|s| s.version.clone()),
-            watch: match need {
-                Need::Count => "metadata",
-                Need::Typed => "typed",
-            },
-            scope: if demand.len() > threshold || demand.contains_key(ALL_NAMESPACES) {
-                "cluster-wide"
-            } else {
-                "namespaced"
-            },
-            namespaces: demand.keys().map(ToString::to_string).collect(),
+            version: why.served.as_ref().map(|s| s.version.clone()),
+            watch: why.watch_kind(),
+            scope: why.scope_label(),
+            scope_reason: why.scope.as_ref().map(ToString::to_string),
+            namespaces: why.demand.keys().map(ToString::to_string).collect(),
             quotas: demanding,
             pending,
         });

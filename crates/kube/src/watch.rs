@@ -26,7 +26,7 @@ use kube::{
 };
 use lazyquota_index::{
     engine::{DeviceClassEntry, Projected},
-    keys::{ALL_NAMESPACES, ClusterName, GroupResource, Need},
+    keys::{ALL_NAMESPACES, Need},
     resolver::ServedResource,
 };
 use lazyquota_quota::{
@@ -35,39 +35,7 @@ use lazyquota_quota::{
 use serde::de::DeserializeOwned;
 use tracing::warn;
 
-/// What one watch is for.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct WatchKey {
-    /// The logical cluster.
-    pub cluster: ClusterName,
-    /// The resource.
-    pub resource: GroupResource,
-    /// One namespace, or `None` for a cluster-wide watch filtered at ingest.
-    pub namespace: Option<String>,
-    /// Metadata only, or the typed projection.
-    pub need: Need,
-}
-
-impl WatchKey {
-    /// The resource as metrics label it: `pods`, `widgets.example.io`.
-    pub fn resource_label(&self) -> String {
-        self.resource
-            .object_count_name()
-            .trim_start_matches("count/")
-            .to_owned()
-    }
-}
-
-impl fmt::Display for WatchKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let resource = self.resource.object_count_name();
-        let resource = resource.trim_start_matches("count/");
-        match &self.namespace {
-            Some(ns) => write!(f, "{}|{resource} in {ns} ({:?})", self.cluster, self.need),
-            None => write!(f, "{}|{resource} cluster-wide ({:?})", self.cluster, self.need),
-        }
-    }
-}
+pub use lazyquota_index::planner::WatchKey;
 
 /// One object of a watch event.
 #[derive(Debug)]
