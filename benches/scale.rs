@@ -7,6 +7,8 @@
 //! cargo bench --bench scale                      # the full run (N = 0,100,400; minutes)
 //! cargo bench --bench scale -- --quick           # a bounded run, as CI does
 //! cargo bench --bench scale -- --crds 0,50 --pods 500 --out /tmp/x
+//! cargo bench --bench scale -- --controllers kcm,lazy --lazy-binary lto=/path/to/lazyquota
+//!                                                  # another build, side by side (benches/profile.sh)
 //! ```
 //!
 //! Writes `scale.md` (tables), `scale.dat` and, with gnuplot installed, `scale.png` into
@@ -50,6 +52,9 @@ enum Controller {
     Eager,
     Lazy,
     LazyHttp2,
+    /// Lazy mode with another build of the binary (`--lazy-binary LABEL=PATH`): a release
+    /// profile variant, compared in the same run. Label and path leak once per flag.
+    LazyBinary(&'static str, &'static str),
 }
 
 impl Controller {
@@ -59,6 +64,7 @@ impl Controller {
             Self::Eager => "lazyquota --mode eager",
             Self::Lazy => "lazyquota --mode lazy",
             Self::LazyHttp2 => "lazyquota --mode lazy --transport http2",
+            Self::LazyBinary(label, _) => label,
         }
     }
 }
@@ -98,6 +104,7 @@ impl Args {
             controllers: vec![Controller::Kcm, Controller::Eager, Controller::Lazy],
         };
         let mut it = std::env::args().skip(1);
+        let mut extra = Vec::new();
         while let Some(flag) = it.next() {
             let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
             let num = |v: String| v.parse::<usize>().unwrap_or_else(|_| panic!("not a number: {v}"));
@@ -138,10 +145,23 @@ impl Args {
                         })
                         .collect();
                 }
+                "--lazy-binary" => {
+                    let value = value();
+                    let (label, path) = value
+                        .split_once('=')
+                        .unwrap_or_else(|| panic!("--lazy-binary LABEL=PATH, got {value}"));
+                    assert!(Path::new(path).is_file(), "--lazy-binary: no binary at {path}");
+                    let label = format!("lazyquota --mode lazy ({label})");
+                    extra.push(Controller::LazyBinary(
+                        Box::leak(label.into_boxed_str()),
+                        Box::leak(path.to_owned().into_boxed_str()),
+                    ));
+                }
                 "--bench" => {} // cargo bench passes this
                 other => panic!("unknown flag {other}"),
             }
         }
+        a.controllers.extend(extra);
         a.crds.sort_unstable();
         a
     }
@@ -767,7 +787,7 @@ fn start(controller: Controller, kubeconfig: &Path, state: &Path) -> Process {
                 metrics_url: format!("https://127.0.0.1:{port}"),
             }
         }
-        Controller::Eager | Controller::Lazy | Controller::LazyHttp2 => {
+        Controller::Eager | Controller::Lazy | Controller::LazyHttp2 | Controller::LazyBinary(..) => {
             let mode = if controller == Controller::Eager {
                 "eager"
             } else {
@@ -778,7 +798,11 @@ fn start(controller: Controller, kubeconfig: &Path, state: &Path) -> Process {
             } else {
                 "http1"
             };
-            let child = Command::new(env!("CARGO_BIN_EXE_lazyquota"))
+            let binary = match controller {
+                Controller::LazyBinary(_, path) => path,
+                _ => env!("CARGO_BIN_EXE_lazyquota"),
+            };
+            let child = Command::new(binary)
                 .args([
                     "run",
                     "--kubeconfig",
@@ -973,6 +997,21 @@ fn write_results(args: &Args, results: &Results) {
             lazy.rss_bytes / kcm.rss_bytes,
             lazy.anon_bytes / kcm.anon_bytes
         );
+    }
+    if let Some(&hi) = ns.last()
+        && let Some(kcm) = results.get(&(hi, Controller::Kcm.name()))
+    {
+        for c in controllers {
+            if let (Controller::LazyBinary(..), Some(variant)) = (c, results.get(&(hi, c.name()))) {
+                let _ = writeln!(
+                    md,
+                    "At N = {hi}: RSS {} / KCM = {:.3}; anonymous RSS / KCM = {:.3}.",
+                    c.name(),
+                    variant.rss_bytes / kcm.rss_bytes,
+                    variant.anon_bytes / kcm.anon_bytes
+                );
+            }
+        }
     }
     std::fs::write(args.out.join("scale.md"), &md).expect("write scale.md");
     let mut dat =
