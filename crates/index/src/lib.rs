@@ -18,6 +18,7 @@
 pub mod demand;
 pub mod engine;
 pub mod keys;
+pub mod membership;
 pub mod planner;
 pub mod policy;
 pub mod queue;

@@ -29,7 +29,7 @@ use kube::{
     api::{DynamicObject, PartialObjectMeta},
     runtime::{WatchStreamExt as _, watcher},
 };
-use lazyquota_index::keys::ClusterName;
+use lazyquota_index::{keys::ClusterName, membership::Membership};
 use tokio::{sync::oneshot, task::JoinSet};
 use tracing::{Instrument as _, info, info_span, warn};
 
@@ -37,182 +37,78 @@ use crate::{
     controller::{self, Controller, SnapshotHandle},
     hub::Hub,
     metrics::Metrics,
-    shard::{CLUSTER_ANNOTATION, Error, PATH_ANNOTATION, Shard, logical_cluster_resource, serves_phase},
+    shard::{CLUSTER_ANNOTATION, Error, PATH_ANNOTATION, Shard, logical_cluster_resource},
 };
 
-/// Which logical clusters to serve: those with a ResourceQuota whose LogicalCluster is not
-/// being deleted. Pure; fed from the two wildcard watches.
-#[derive(Debug, Default)]
-pub struct Membership {
-    quotas: BTreeMap<ClusterName, BTreeSet<(String, String)>>,
-    /// Phase of each known LogicalCluster.
-    phases: BTreeMap<ClusterName, String>,
-    /// LogicalClusters seen deleted (until one appears again).
-    deleted: BTreeSet<ClusterName>,
-    /// Workspace path of each known LogicalCluster that has one (for logs).
-    paths: BTreeMap<ClusterName, String>,
-    /// Whether the LogicalCluster watch has listed once: until then a quota's cluster might be
-    /// one being deleted, and its workspace path is unknown.
-    clusters_known: bool,
-    quota_relist: Option<Vec<(ClusterName, String, String)>>,
-    cluster_relist: Option<Vec<(ClusterName, String)>>,
+/// Feeds one event of the wildcard quota watch to `m`.
+fn on_quota(m: &mut Membership, event: watcher::Event<PartialObjectMeta<ResourceQuota>>) {
+    let key = |q: &PartialObjectMeta<ResourceQuota>| {
+        let cluster = q.annotations().get(CLUSTER_ANNOTATION)?;
+        Some((
+            ClusterName::new(cluster),
+            q.namespace().unwrap_or_default(),
+            q.name_any(),
+        ))
+    };
+    match event {
+        watcher::Event::Init => m.quota_relist_started(),
+        watcher::Event::InitApply(q) => {
+            if let Some((c, ns, name)) = key(&q) {
+                m.quota_relisted(c, ns, name);
+            }
+        }
+        watcher::Event::InitDone => m.quota_relist_done(),
+        watcher::Event::Apply(q) => match key(&q) {
+            Some((c, ns, name)) => m.quota_applied(c, &ns, &name),
+            None => {
+                warn!(quota = %q.name_any(), "a wildcard ResourceQuota without the kcp.io/cluster annotation; ignored");
+            }
+        },
+        watcher::Event::Delete(q) => {
+            if let Some((c, ns, name)) = key(&q) {
+                m.quota_deleted(&c, &ns, &name);
+            }
+        }
+    }
 }
 
-impl Membership {
-    /// A quota exists (or changed).
-    pub fn quota_applied(&mut self, cluster: ClusterName, namespace: &str, name: &str) {
-        self.quotas
-            .entry(cluster)
-            .or_default()
-            .insert((namespace.to_owned(), name.to_owned()));
-    }
-
-    /// A quota was deleted.
-    pub fn quota_deleted(&mut self, cluster: &ClusterName, namespace: &str, name: &str) {
-        if let Some(set) = self.quotas.get_mut(cluster) {
-            set.remove(&(namespace.to_owned(), name.to_owned()));
-            if set.is_empty() {
-                self.quotas.remove(cluster);
-                // Logical cluster names are not reused: forget a deleted one once nothing of
-                // it is left (else workspace churn would grow this set for ever).
-                self.deleted.remove(cluster);
+/// Feeds one event of the wildcard LogicalCluster watch to `m`.
+fn on_cluster(m: &mut Membership, event: watcher::Event<DynamicObject>) {
+    let key = |o: &DynamicObject| {
+        let cluster = o.annotations().get(CLUSTER_ANNOTATION)?;
+        let phase = o.data["status"]["phase"].as_str().unwrap_or_default().to_owned();
+        Some((ClusterName::new(cluster), phase))
+    };
+    match event {
+        watcher::Event::Init => m.cluster_relist_started(),
+        watcher::Event::InitApply(o) => {
+            record_path(m, &o);
+            if let Some((c, phase)) = key(&o) {
+                m.cluster_relisted(c, phase);
+            }
+        }
+        watcher::Event::InitDone => m.cluster_relist_done(),
+        watcher::Event::Apply(o) => {
+            record_path(m, &o);
+            if let Some((c, phase)) = key(&o) {
+                m.cluster_applied(c, phase);
+            }
+        }
+        watcher::Event::Delete(o) => {
+            if let Some((c, _)) = key(&o) {
+                m.cluster_deleted(c);
             }
         }
     }
+}
 
-    /// The quota watch (re)lists: what it lists replaces what was known.
-    pub fn quotas_listed(&mut self, quotas: impl IntoIterator<Item = (ClusterName, String, String)>) {
-        self.quotas.clear();
-        for (cluster, namespace, name) in quotas {
-            self.quota_applied(cluster, &namespace, &name);
-        }
-        self.deleted.retain(|c| self.quotas.contains_key(c));
-    }
-
-    /// A LogicalCluster exists (or changed), in `phase`.
-    pub fn cluster_applied(&mut self, cluster: ClusterName, phase: String) {
-        self.deleted.remove(&cluster);
-        self.phases.insert(cluster, phase);
-    }
-
-    /// A LogicalCluster was deleted.
-    pub fn cluster_deleted(&mut self, cluster: ClusterName) {
-        self.phases.remove(&cluster);
-        self.paths.remove(&cluster);
-        self.deleted.insert(cluster);
-    }
-
-    /// The LogicalCluster watch (re)lists: clusters known before and not listed are gone.
-    pub fn clusters_listed(&mut self, clusters: impl IntoIterator<Item = (ClusterName, String)>) {
-        let listed: BTreeMap<ClusterName, String> = clusters.into_iter().collect();
-        for gone in self.phases.keys().filter(|c| !listed.contains_key(*c)) {
-            self.deleted.insert(gone.clone());
-        }
-        self.deleted.retain(|c| !listed.contains_key(c));
-        self.paths.retain(|c, _| listed.contains_key(c));
-        self.phases = listed;
-        self.clusters_known = true;
-    }
-
-    /// The clusters to serve now: those with a quota, unless their LogicalCluster is gone or
-    /// in a phase where nothing can be counted or written (see [`serves_phase`]).
-    pub fn desired(&self) -> BTreeSet<ClusterName> {
-        self.quotas
-            .keys()
-            .filter(|c| !self.deleted.contains(*c))
-            .filter(|c| self.phases.get(*c).is_none_or(|p| serves_phase(p)))
-            .cloned()
-            .collect()
-    }
-
-    /// Whether the LogicalClusters have been listed (nothing is engaged before).
-    pub fn clusters_known(&self) -> bool {
-        self.clusters_known
-    }
-
-    /// The workspace path of `cluster`, if its LogicalCluster has one (`kcp.io/path`).
-    pub fn path(&self, cluster: &ClusterName) -> &str {
-        self.paths.get(cluster).map_or("", String::as_str)
-    }
-
-    fn record_path(&mut self, o: &DynamicObject) {
-        if let (Some(cluster), Some(path)) = (
-            o.annotations().get(CLUSTER_ANNOTATION),
-            o.annotations().get(PATH_ANNOTATION),
-        ) {
-            self.paths.insert(ClusterName::new(cluster), path.clone());
-        }
-    }
-
-    /// Quotas known in `cluster`.
-    pub fn quotas_in(&self, cluster: &ClusterName) -> usize {
-        self.quotas.get(cluster).map_or(0, BTreeSet::len)
-    }
-
-    fn on_quota(&mut self, event: watcher::Event<PartialObjectMeta<ResourceQuota>>) {
-        let key = |q: &PartialObjectMeta<ResourceQuota>| {
-            let cluster = q.annotations().get(CLUSTER_ANNOTATION)?;
-            Some((
-                ClusterName::new(cluster),
-                q.namespace().unwrap_or_default(),
-                q.name_any(),
-            ))
-        };
-        match event {
-            watcher::Event::Init => self.quota_relist = Some(Vec::new()),
-            watcher::Event::InitApply(q) => {
-                if let (Some(list), Some(k)) = (self.quota_relist.as_mut(), key(&q)) {
-                    list.push(k);
-                }
-            }
-            watcher::Event::InitDone => {
-                let listed = self.quota_relist.take().unwrap_or_default();
-                self.quotas_listed(listed);
-            }
-            watcher::Event::Apply(q) => match key(&q) {
-                Some((c, ns, name)) => self.quota_applied(c, &ns, &name),
-                None => {
-                    warn!(quota = %q.name_any(), "a wildcard ResourceQuota without the kcp.io/cluster annotation; ignored");
-                }
-            },
-            watcher::Event::Delete(q) => {
-                if let Some((c, ns, name)) = key(&q) {
-                    self.quota_deleted(&c, &ns, &name);
-                }
-            }
-        }
-    }
-
-    fn on_cluster(&mut self, event: watcher::Event<DynamicObject>) {
-        let key = |o: &DynamicObject| {
-            let cluster = o.annotations().get(CLUSTER_ANNOTATION)?;
-            let phase = o.data["status"]["phase"].as_str().unwrap_or_default().to_owned();
-            Some((ClusterName::new(cluster), phase))
-        };
-        match event {
-            watcher::Event::Init => self.cluster_relist = Some(Vec::new()),
-            watcher::Event::InitApply(o) => {
-                self.record_path(&o);
-                if let (Some(list), Some(k)) = (self.cluster_relist.as_mut(), key(&o)) {
-                    list.push(k);
-                }
-            }
-            watcher::Event::InitDone => {
-                let listed = self.cluster_relist.take().unwrap_or_default();
-                self.clusters_listed(listed);
-            }
-            watcher::Event::Apply(o) => {
-                self.record_path(&o);
-                if let Some((c, phase)) = key(&o) {
-                    self.cluster_applied(c, phase);
-                }
-            }
-            watcher::Event::Delete(o) => {
-                if let Some((c, _)) = key(&o) {
-                    self.cluster_deleted(c);
-                }
-            }
-        }
+/// Records a LogicalCluster's workspace path, when it has one.
+fn record_path(m: &mut Membership, o: &DynamicObject) {
+    if let (Some(cluster), Some(path)) = (
+        o.annotations().get(CLUSTER_ANNOTATION),
+        o.annotations().get(PATH_ANNOTATION),
+    ) {
+        m.record_path(ClusterName::new(cluster), path.clone());
     }
 }
 
@@ -313,11 +209,11 @@ pub async fn run(
         tokio::select! {
             () = &mut shutdown => break,
             Some(event) = quotas.next() => match event {
-                Ok(event) => membership.on_quota(event),
+                Ok(event) => on_quota(&mut membership, event),
                 Err(error) => warn!(%error, "wildcard ResourceQuota watch failed; retrying"),
             },
             Some(event) = clusters.next() => match event {
-                Ok(event) => membership.on_cluster(event),
+                Ok(event) => on_cluster(&mut membership, event),
                 Err(error) => warn!(%error, "wildcard LogicalCluster watch failed; retrying"),
             },
             () = sleep_until_due(restarts.next_due(Instant::now())) => {}
@@ -456,63 +352,5 @@ mod tests {
             r.allowed(&c("a"), t0) && r.next_due(t0).is_none(),
             "forgotten when not wanted"
         );
-    }
-
-    #[test]
-    fn a_cluster_is_served_while_it_has_a_quota_and_is_not_going() {
-        let mut m = Membership::default();
-        assert!(m.desired().is_empty());
-        m.cluster_applied(c("a"), "Ready".into());
-        m.cluster_applied(c("b"), "Ready".into());
-        assert!(m.desired().is_empty(), "no quota, no controller");
-        m.quota_applied(c("a"), "ns", "q1");
-        m.quota_applied(c("a"), "ns", "q2");
-        assert_eq!(m.desired(), [c("a")].into());
-        m.quota_deleted(&c("a"), "ns", "q1");
-        assert_eq!(m.desired(), [c("a")].into(), "one quota left");
-        m.quota_deleted(&c("a"), "ns", "q2");
-        assert!(m.desired().is_empty(), "the last quota went");
-
-        m.quota_applied(c("b"), "ns", "q");
-        m.cluster_applied(c("b"), "Terminating".into());
-        assert!(m.desired().is_empty(), "a terminating cluster is let go");
-        for (phase, served) in [
-            ("Scheduling", true),
-            ("Initializing", true),
-            ("Unavailable", true),
-            ("Inactive", false),
-            ("Deleting", false),
-            ("SomethingNew", true),
-        ] {
-            m.cluster_applied(c("b"), phase.into());
-            assert_eq!(m.desired().contains(&c("b")), served, "phase {phase}");
-        }
-        m.cluster_applied(c("b"), "Ready".into());
-        assert_eq!(m.desired(), [c("b")].into());
-        m.cluster_deleted(c("b"));
-        assert!(m.desired().is_empty(), "a deleted cluster is let go");
-        // A quota seen before its LogicalCluster (watch order is not guaranteed): served.
-        m.quota_applied(c("new"), "ns", "q");
-        assert_eq!(m.desired(), [c("new")].into());
-    }
-
-    #[test]
-    fn relists_replace_what_was_known() {
-        let mut m = Membership::default();
-        m.clusters_listed([(c("a"), "Ready".into()), (c("b"), "Ready".into())]);
-        m.quotas_listed([
-            (c("a"), "ns".into(), "q".into()),
-            (c("b"), "ns".into(), "q".into()),
-        ]);
-        assert_eq!(m.desired(), [c("a"), c("b")].into());
-        m.quotas_listed([(c("b"), "ns".into(), "q".into())]);
-        assert_eq!(m.desired(), [c("b")].into(), "a's quota is gone after the relist");
-        m.clusters_listed([(c("a"), "Ready".into())]);
-        assert!(m.desired().is_empty(), "b is no longer listed: deleted");
-        m.quotas_listed([
-            (c("a"), "ns".into(), "q".into()),
-            (c("b"), "ns".into(), "q".into()),
-        ]);
-        assert_eq!(m.desired(), [c("a")].into());
     }
 }

@@ -139,18 +139,3 @@ pub fn logical_cluster_resource() -> ApiResource {
         plural: "logicalclusters".into(),
     }
 }
-
-/// Whether a logical cluster in LogicalCluster `phase` is served (kcp v0.32.3's phases):
-///
-/// | phase | served | why |
-/// |---|---|---|
-/// | `Scheduling`, `Initializing` | yes | its objects and quotas exist and are enforced by admission |
-/// | `Ready` | yes | |
-/// | `Unavailable` | yes | no kcp controller sets it; its objects may still change, so keep counting (writes that fail are retried) |
-/// | `Inactive` | no | kcp answers every request to it with 403, even the shard admin's; counted again when it is Ready |
-/// | `Terminating`, `Deleting` | no | the workspace is being deleted; its content goes |
-///
-/// An unknown phase (a newer kcp) is served.
-pub fn serves_phase(phase: &str) -> bool {
-    !matches!(phase, "Inactive" | "Terminating" | "Deleting")
-}
