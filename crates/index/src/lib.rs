@@ -23,4 +23,5 @@ pub mod planner;
 pub mod policy;
 pub mod queue;
 pub mod resolver;
+pub mod sharing;
 pub mod store;

@@ -53,6 +53,7 @@ use lazyquota_index::{
     engine::Projected,
     keys::{ClusterName, GroupResource},
     resolver::ServedResource,
+    sharing::Demand,
 };
 use tokio::sync::{Notify, mpsc, watch};
 use tracing::{debug, info, warn};
@@ -209,52 +210,6 @@ impl Hub {
 /// A poisoned lock only means a controller panicked mid-update of plain data; use it anyway.
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Which resources are shared, from the logical clusters demanding each. Pure.
-#[derive(Debug, Default)]
-pub struct Demand {
-    /// Per resource, the (cluster, engagement) pairs demanding it.
-    demanding: BTreeMap<GroupResource, BTreeSet<(ClusterName, u64)>>,
-}
-
-impl Demand {
-    /// Records a change.
-    pub fn set(&mut self, who: &(ClusterName, u64), resource: &GroupResource, on: bool) {
-        if on {
-            self.demanding
-                .entry(resource.clone())
-                .or_default()
-                .insert(who.clone());
-        } else if let Some(set) = self.demanding.get_mut(resource) {
-            set.remove(who);
-            if set.is_empty() {
-                self.demanding.remove(resource);
-            }
-        }
-    }
-
-    /// Removes every demand of one engagement.
-    pub fn withdraw(&mut self, who: &(ClusterName, u64)) {
-        self.demanding.retain(|_, set| {
-            set.remove(who);
-            !set.is_empty()
-        });
-    }
-
-    /// The resources to share: those at least `threshold` clusters demand, and those already
-    /// shared that still have `threshold - threshold / 4` (hysteresis).
-    pub fn shared(&self, threshold: usize, now: &BTreeSet<GroupResource>) -> BTreeSet<GroupResource> {
-        let low = (threshold - threshold / 4).max(1);
-        self.demanding
-            .iter()
-            .filter(|(resource, set)| {
-                let clusters = set.iter().map(|(c, _)| c).collect::<BTreeSet<_>>().len();
-                clusters >= threshold || (now.contains(*resource) && clusters >= low)
-            })
-            .map(|(r, _)| r.clone())
-            .collect()
-    }
 }
 
 enum Phase {
@@ -672,10 +627,6 @@ fn overflow(s: &mut Subscriber) {
 mod tests {
     use super::*;
 
-    fn c(n: &str, e: u64) -> (ClusterName, u64) {
-        (ClusterName::new(n), e)
-    }
-
     fn object(cluster: &str, name: &str, rv: u64) -> PartialObjectMeta<DynamicObject> {
         PartialObjectMeta {
             types: None,
@@ -758,53 +709,5 @@ mod tests {
             MAX_PENDING,
             "dropped while overflowed"
         );
-    }
-
-    #[test]
-    fn a_type_is_shared_from_the_threshold_on_and_kept_down_to_the_low_mark() {
-        let widgets = GroupResource::new("example.io", "widgets");
-        let pods = GroupResource::core("pods");
-        let mut d = Demand::default();
-        let none = BTreeSet::new();
-        for i in 0..7 {
-            d.set(&c(&format!("c{i}"), 1), &widgets, true);
-        }
-        d.set(&c("c0", 1), &pods, true);
-        assert!(d.shared(8, &none).is_empty());
-        d.set(&c("c7", 1), &widgets, true);
-        let shared = d.shared(8, &none);
-        assert_eq!(shared, [widgets.clone()].into());
-        d.set(&c("c7", 1), &widgets, true);
-        assert_eq!(d.shared(8, &shared), shared, "idempotent");
-        d.withdraw(&c("c7", 1));
-        d.withdraw(&c("c6", 1));
-        assert_eq!(d.shared(8, &shared), shared, "6 of 8: still above the low mark");
-        d.withdraw(&c("c5", 1));
-        assert!(d.shared(8, &shared).is_empty(), "5: below the low mark (6)");
-        assert_eq!(d.shared(1, &none), [pods.clone(), widgets.clone()].into());
-        d.set(&c("c0", 1), &pods, false);
-        assert_eq!(d.shared(1, &none), [widgets.clone()].into());
-    }
-
-    #[test]
-    fn a_late_message_of_an_old_engagement_does_not_count_for_the_new_one() {
-        let widgets = GroupResource::new("example.io", "widgets");
-        let mut d = Demand::default();
-        let none = BTreeSet::new();
-        d.set(&c("a", 1), &widgets, true);
-        d.set(&c("a", 2), &widgets, true); // engaged again before the old one ended
-        d.withdraw(&c("a", 1));
-        assert_eq!(
-            d.shared(1, &none),
-            [widgets.clone()].into(),
-            "the new engagement still counts"
-        );
-        d.set(&c("b", 1), &widgets, true);
-        d.set(&c("a", 2), &widgets, true);
-        assert!(
-            d.shared(3, &none).is_empty(),
-            "one cluster counts once: 2 clusters"
-        );
-        assert_eq!(d.shared(2, &none), [widgets].into());
     }
 }
