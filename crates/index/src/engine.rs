@@ -919,13 +919,7 @@ mod tests {
     }
 
     fn served(resource: &str) -> ServedResource {
-        ServedResource {
-            resource: GroupResource::core(resource),
-            version: "v1".into(),
-            kind: "Kind".into(),
-            namespaced: true,
-            verbs: ["create", "delete", "list", "watch"].map(String::from).to_vec(),
-        }
+        ServedResource::core_for_tests(resource)
     }
 
     #[test]

@@ -29,6 +29,18 @@ pub struct ServedResource {
 }
 
 impl ServedResource {
+    /// A namespaced, quotable core resource served at `v1` (for tests).
+    #[cfg(test)]
+    pub(crate) fn core_for_tests(resource: &str) -> Self {
+        Self {
+            resource: GroupResource::core(resource),
+            version: "v1".into(),
+            kind: "Kind".into(),
+            namespaced: true,
+            verbs: ["create", "delete", "list", "watch"].map(String::from).to_vec(),
+        }
+    }
+
     /// Whether upstream would monitor it for quota.
     pub fn quotable(&self) -> bool {
         self.namespaced && self.countable()

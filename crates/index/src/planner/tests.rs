@@ -10,13 +10,7 @@ use super::*;
 use crate::keys::QuotaKey;
 
 fn served(resource: &str) -> ServedResource {
-    ServedResource {
-        resource: GroupResource::core(resource),
-        version: "v1".into(),
-        kind: "Kind".into(),
-        namespaced: true,
-        verbs: ["create", "delete", "list", "watch"].map(String::from).to_vec(),
-    }
+    ServedResource::core_for_tests(resource)
 }
 
 fn quota(hard: &[&str]) -> ResourceQuota {
