@@ -110,9 +110,7 @@ impl Args {
             let num = |v: String| v.parse::<usize>().unwrap_or_else(|_| panic!("not a number: {v}"));
             match flag.as_str() {
                 "--quick" => {
-                    // Two points are enough for the slopes; CI's cold budget has no room for
-                    // a third (each N starts every controller once).
-                    a.crds = vec![0, 20];
+                    a.crds = vec![0, 10, 20];
                     a.pods = 200;
                     a.services = 50;
                     a.pvcs = 50;
