@@ -744,7 +744,13 @@ fn free_port() -> u16 {
 
 fn start(controller: Controller, kubeconfig: &Path, state: &Path) -> Process {
     let port = free_port();
-    let log = std::fs::File::create(state.join(format!("logs/bench-{controller:?}.log"))).expect("log");
+    // A file name: a variant's label, never its path.
+    let name: String = controller
+        .name()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let log = std::fs::File::create(state.join(format!("logs/bench-{name}.log"))).expect("log");
     match controller {
         Controller::Kcm => {
             let bin = std::fs::read_to_string(state.join("env"))
