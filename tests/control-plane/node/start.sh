@@ -156,8 +156,14 @@ printf '{"cniVersion":"1.0.0","name":"lazyquota-test","plugins":[{"type":"loopba
 # Each node's pods live in their own cgroup subtree, which stop.sh removes.
 cgroup_roots() {
   local n=$1 root
-  for root in /sys/fs/cgroup/*/ /sys/fs/cgroup/unified/; do
-    [[ -d $root && -f $root/cgroup.procs ]] && echo "${root%/}/lazyquota-node-$n"
+  if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
+    # cgroup v2 only: one hierarchy at the root (its children are other programs' cgroups).
+    echo "/sys/fs/cgroup/lazyquota-node-$n"
+    return
+  fi
+  # cgroup v1: one hierarchy per mount (the hybrid unified mount among them).
+  for root in /sys/fs/cgroup/*/; do
+    [[ -f $root/cgroup.procs ]] && echo "${root%/}/lazyquota-node-$n"
   done
 }
 

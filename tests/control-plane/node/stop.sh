@@ -45,7 +45,7 @@ for node in "$dir"/node-*/; do
   stop_pid "$node/kubelet.pid"
   # The containers run in the node's cgroups; their shims are children of containerd's
   # process group or reparented to init, found by the socket address they serve.
-  for cg in /sys/fs/cgroup/*/lazyquota-node-"$n" /sys/fs/cgroup/unified/lazyquota-node-"$n"; do
+  for cg in /sys/fs/cgroup/lazyquota-node-"$n" /sys/fs/cgroup/*/lazyquota-node-"$n"; do
     kill_cgroup "$cg"
   done
   run=$(cat "$node/run-dir" 2>/dev/null)
@@ -61,7 +61,7 @@ for node in "$dir"/node-*/; do
     done
   done
   [[ -n $run ]] && rm -rf "$run"
-  for cg in /sys/fs/cgroup/*/lazyquota-node-"$n" /sys/fs/cgroup/unified/lazyquota-node-"$n"; do
+  for cg in /sys/fs/cgroup/lazyquota-node-"$n" /sys/fs/cgroup/*/lazyquota-node-"$n"; do
     [[ -d $cg ]] && find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null
   done
 done
