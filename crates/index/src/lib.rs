@@ -14,9 +14,11 @@
 //! - [`queue`]: the reconciler's work queue (dedup, per-key backoff).
 //! - [`resolver`]: which resources each cluster serves and can be quota'd (discovery).
 //! - [`keys`]: identities, all carrying the logical cluster.
+//! - [`planner`]: which watches to run and why; [`membership`], [`sharing`], [`fanout`]: kcp.
 
 pub mod demand;
 pub mod engine;
+pub mod fanout;
 pub mod keys;
 pub mod membership;
 pub mod planner;

@@ -9,13 +9,13 @@
 //! A type stops being shared only below a lower mark (`threshold - threshold / 4`), so one
 //! cluster coming and going at the threshold does not make every other one relist.
 //!
-//! A controller subscribing before the shared watch's list has begun is served by that list.
-//! One subscribing later gets its own list of its cluster's objects (at resourceVersion L);
-//! the shared events that arrive meanwhile are buffered and only those newer than L are passed
-//! on, so nothing is counted twice or missed (resourceVersions of one shard are comparable
-//! across its logical clusters; and a shared list begun before the subscription is at or below
-//! L). A failed list is retried with backoff (2 s doubling up to 5 minutes), the buffer kept.
-//! A relist of the shared watch is a relist for every subscriber.
+//! Which subscriber gets what is decided by the pure [`Fanout`] (`crates/index/src/fanout.rs`,
+//! with its property test): a controller subscribing before the shared watch's list has begun
+//! is served by that list; one subscribing later gets its own list of its cluster's objects
+//! (at resourceVersion L) and, of the shared events buffered meanwhile, only those newer than
+//! L. A failed list is retried with backoff (2 s doubling up to 5 minutes), the buffer kept.
+//! A relist of the shared watch is a relist for every subscriber. This module only runs the
+//! watches and lists and passes their results in.
 //!
 //! Bounds: controllers hand the hub their demand and subscriptions through shared state (a
 //! demand table and a list of pending subscriptions, sized by what is demanded, not by how
@@ -51,6 +51,7 @@ use kube::{
 };
 use lazyquota_index::{
     engine::Projected,
+    fanout::{self, Fanout, Join, Seen},
     keys::{ClusterName, GroupResource},
     resolver::ServedResource,
     sharing::Demand,
@@ -109,8 +110,10 @@ struct Sink {
     unread: Arc<AtomicUsize>,
 }
 
-impl Sink {
-    fn send(&self, item: WatchItem) {
+impl fanout::Sink for Sink {
+    type Object = ObjectEvent;
+
+    fn send(&mut self, item: WatchItem) {
         if self.tx.send(item).is_ok() {
             self.unread.fetch_add(1, Ordering::Relaxed);
         }
@@ -212,40 +215,6 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-enum Phase {
-    /// Waiting for its own list (at the list's resourceVersion), buffering shared events.
-    Joining {
-        generation: u64,
-        buffer: Vec<(Option<u64>, WatchItem)>,
-        /// Failed lists so far (the next waits longer).
-        failures: u32,
-    },
-    /// Part of a list of the shared watch in progress.
-    Relisting,
-    /// Receives shared events as they come.
-    Live,
-    /// Fell [`MAX_PENDING`] behind: events are dropped until its controller has caught up,
-    /// then it joins again with a list of its own.
-    Overflowed,
-}
-
-struct Subscriber {
-    cluster: ClusterName,
-    namespace: Option<String>,
-    sink: Sink,
-    phase: Phase,
-}
-
-impl Subscriber {
-    fn wants(&self, object: &PartialObjectMeta<DynamicObject>) -> bool {
-        object.annotations().get(CLUSTER_ANNOTATION).map(String::as_str) == Some(self.cluster.as_str())
-            && self
-                .namespace
-                .as_deref()
-                .is_none_or(|ns| object.namespace().as_deref() == Some(ns))
-    }
-}
-
 /// A shared watch: one per (resource, version) — controllers of clusters serving another
 /// version of the type subscribe to another one, and a version change empties the old one.
 type SharedKey = (GroupResource, String);
@@ -253,12 +222,7 @@ type SharedKey = (GroupResource, String);
 struct Shared {
     served: ServedResource,
     abort: AbortHandle,
-    /// The shared watch is in its first list or a relist.
-    listing: bool,
-    /// The current list has begun (its `Init` was passed on): a subscriber arriving now
-    /// missed part of it and lists on its own.
-    init_seen: bool,
-    subscribers: Vec<Subscriber>,
+    fanout: Fanout<Sink>,
 }
 
 type Joined = (SharedKey, u64, kube::Result<(Option<u64>, Vec<ObjectEvent>)>);
@@ -283,7 +247,6 @@ struct State {
     watches: BTreeMap<SharedKey, Shared>,
     streams: SelectAll<BoxStream<'static, (SharedKey, MetaEvent)>>,
     joins: FuturesUnordered<BoxFuture<'static, Joined>>,
-    generation: u64,
     /// Per-cluster clients for join lists, built once per cluster.
     clients: BTreeMap<ClusterName, Client>,
 }
@@ -310,92 +273,34 @@ impl State {
                 Shared {
                     served: served.clone(),
                     abort,
-                    listing: true,
-                    init_seen: false,
-                    subscribers: Vec::new(),
+                    fanout: Fanout::new(MAX_PENDING),
                 },
             );
         }
-        let entry = self.watches.get(&key).expect("inserted above");
-        let phase = if entry.listing && !entry.init_seen {
-            // The shared list has not begun: its Init and objects will come.
-            Phase::Relisting
-        } else {
-            self.start_join(&key, &cluster, namespace.clone(), 0)
-        };
-        if let Some(entry) = self.watches.get_mut(&key) {
-            entry.subscribers.push(Subscriber {
-                cluster,
-                namespace,
-                sink,
-                phase,
-            });
-        }
-    }
-
-    /// Starts a subscriber's own list (after a backoff for its `failures` so far); returns
-    /// its phase meanwhile.
-    fn start_join(
-        &mut self,
-        key: &SharedKey,
-        cluster: &ClusterName,
-        namespace: Option<String>,
-        failures: u32,
-    ) -> Phase {
-        self.generation += 1;
-        let join = self.join(key, cluster, namespace, self.generation, join_retry(failures));
-        self.joins.push(join);
-        Phase::Joining {
-            generation: self.generation,
-            buffer: Vec::new(),
-            failures,
-        }
-    }
-
-    /// Subscribers that overflowed and whose controllers have caught up join again.
-    fn rejoin_caught_up(&mut self) {
-        let mut rejoin = Vec::new();
-        for (key, entry) in &self.watches {
-            for (i, s) in entry.subscribers.iter().enumerate() {
-                if matches!(s.phase, Phase::Overflowed) && s.sink.unread() < MAX_PENDING / 4 {
-                    rejoin.push((key.clone(), i, s.cluster.clone(), s.namespace.clone()));
-                }
-            }
-        }
-        for (key, i, cluster, namespace) in rejoin {
-            let phase = self.start_join(&key, &cluster, namespace, 0);
-            if let Some(s) = self.watches.get_mut(&key).and_then(|e| e.subscribers.get_mut(i)) {
-                info!(cluster = %s.cluster, resource = %key.0.object_count_name(), "a subscriber that fell behind lists again");
-                s.phase = phase;
-            }
+        let entry = self.watches.get_mut(&key).expect("inserted above");
+        if let Some(join) = entry.fanout.subscribe(cluster, namespace, sink) {
+            self.start_join(&key, join);
         }
     }
 
     /// Lists one cluster's (namespace's) objects of the shared watch's type for a joining
-    /// subscriber, after `delay`, with the list's resourceVersion.
-    fn join(
-        &mut self,
-        key: &SharedKey,
-        cluster: &ClusterName,
-        namespace: Option<String>,
-        generation: u64,
-        delay: Duration,
-    ) -> BoxFuture<'static, Joined> {
-        let client = match self.clients.get(cluster) {
+    /// subscriber, after the join's backoff, with the list's resourceVersion.
+    fn start_join(&mut self, key: &SharedKey, join: Join) {
+        let client = match self.clients.get(&join.cluster) {
             Some(client) => Ok(client.clone()),
-            None => self.shard.cluster(cluster).inspect(|c| {
-                self.clients.insert(cluster.clone(), c.clone());
+            None => self.shard.cluster(&join.cluster).inspect(|c| {
+                self.clients.insert(join.cluster.clone(), c.clone());
             }),
         };
         let api_resource = self.watches.get(key).map(|w| api_resource(&w.served));
         let key = key.clone();
-        Box::pin(async move {
-            tokio::time::sleep(delay).await;
+        self.joins.push(Box::pin(async move {
+            tokio::time::sleep(join.after).await;
             let listed = async {
                 let client = client.map_err(|e| kube::Error::Service(Box::new(e)))?;
                 let api_resource =
                     api_resource.ok_or_else(|| kube::Error::Service("the shared watch is gone".into()))?;
-                let api: Api<PartialObjectMeta<DynamicObject>> = match &namespace {
+                let api: Api<PartialObjectMeta<DynamicObject>> = match &join.namespace {
                     Some(ns) => Api::namespaced_with(client, ns, &api_resource),
                     None => Api::all_with(client, &api_resource),
                 };
@@ -420,51 +325,38 @@ impl State {
                 Ok((at, objects))
             }
             .await;
-            (key, generation, listed)
-        })
+            (key, join.generation, listed)
+        }));
     }
 
     fn on_event(&mut self, key: &SharedKey, event: MetaEvent) {
         let Some(entry) = self.watches.get_mut(key) else {
             return;
         };
-        match event {
+        let fanout = &mut entry.fanout;
+        let overflowed = match event {
             Ok(watcher::Event::Init) => {
-                entry.listing = true;
-                entry.init_seen = true;
-                for s in &mut entry.subscribers {
-                    // A joining subscriber's own list is superseded by the relist.
-                    s.sink.send(WatchItem::Init);
-                    s.phase = Phase::Relisting;
-                }
+                fanout.init();
+                Vec::new()
             }
             Ok(watcher::Event::InitApply(o)) => {
-                for s in entry
-                    .subscribers
-                    .iter()
-                    .filter(|s| matches!(s.phase, Phase::Relisting) && s.wants(&o))
-                {
-                    s.sink.send(WatchItem::InitApply(event_of(&o)));
-                }
+                with_seen(&o, |seen| fanout.init_apply(seen));
+                Vec::new()
             }
             Ok(watcher::Event::InitDone) => {
-                entry.listing = false;
-                for s in &mut entry.subscribers {
-                    if matches!(s.phase, Phase::Relisting) {
-                        s.sink.send(WatchItem::InitDone);
-                        s.phase = Phase::Live;
-                    }
-                }
+                fanout.init_done();
+                Vec::new()
             }
-            Ok(watcher::Event::Apply(o)) => route(entry, &o, false),
-            Ok(watcher::Event::Delete(o)) => route(entry, &o, true),
+            Ok(watcher::Event::Apply(o)) => with_seen(&o, |seen| fanout.apply(seen)).unwrap_or_default(),
+            Ok(watcher::Event::Delete(o)) => with_seen(&o, |seen| fanout.delete(seen)).unwrap_or_default(),
             Err(error) => {
                 warn!(resource = %key.0.object_count_name(), %error, "shared wildcard watch failed; retrying");
-                let reason = crate::watch::failure_reason(&error);
-                for s in &entry.subscribers {
-                    s.sink.send(WatchItem::Failed(reason, error.to_string()));
-                }
+                fanout.failed(crate::watch::failure_reason(&error), &error.to_string());
+                Vec::new()
             }
+        };
+        for cluster in overflowed {
+            warn!(%cluster, resource = %key.0.object_count_name(), "a shared-watch subscriber fell behind; dropping its events until it lists again");
         }
     }
 
@@ -477,44 +369,25 @@ impl State {
         let Some(entry) = self.watches.get_mut(key) else {
             return;
         };
-        let Some(s) = entry
-            .subscribers
-            .iter_mut()
-            .find(|s| matches!(&s.phase, Phase::Joining { generation: g, .. } if *g == generation))
-        else {
-            return; // a relist took it over, or it left
-        };
-        match listed {
-            Ok((at, objects)) => {
-                s.sink.send(WatchItem::Init);
-                for object in objects {
-                    s.sink.send(WatchItem::InitApply(object));
-                }
-                s.sink.send(WatchItem::InitDone);
-                if let Phase::Joining { buffer, .. } = std::mem::replace(&mut s.phase, Phase::Live) {
-                    for (rv, item) in buffer {
-                        // Only what the list did not already see.
-                        if rv.zip(at).is_none_or(|(rv, at)| rv > at) {
-                            s.sink.send(item);
-                        }
-                    }
-                }
+        let error = listed.as_ref().err().map(ToString::to_string);
+        if let Some(retry) = entry.fanout.joined(generation, listed.map_err(|e| e.to_string())) {
+            // Reported to the subscriber like a failing watch, and retried with backoff.
+            warn!(cluster = %retry.cluster, resource = %key.0.object_count_name(), error = error.as_deref().unwrap_or_default(), failures = retry.failures, "listing a cluster's share failed; retrying");
+            self.start_join(key, retry);
+        }
+    }
+
+    /// Subscribers that overflowed and whose controllers have caught up join again.
+    fn rejoin_caught_up(&mut self) {
+        let mut joins = Vec::new();
+        for (key, entry) in &mut self.watches {
+            for join in entry.fanout.rejoin_caught_up() {
+                info!(cluster = %join.cluster, resource = %key.0.object_count_name(), "a subscriber that fell behind lists again");
+                joins.push((key.clone(), join));
             }
-            Err(error) => {
-                // Reported like a failing watch, and retried with backoff; the buffer is kept.
-                let failures = match &mut s.phase {
-                    Phase::Joining { failures, .. } => {
-                        *failures += 1;
-                        *failures
-                    }
-                    _ => 1,
-                };
-                warn!(cluster = %s.cluster, resource = %key.0.object_count_name(), %error, failures, "listing a cluster's share failed; retrying");
-                s.sink.send(WatchItem::Failed("join_list", error.to_string()));
-                let (cluster, namespace) = (s.cluster.clone(), s.namespace.clone());
-                let join = self.join(key, &cluster, namespace, generation, join_retry(failures));
-                self.joins.push(join);
-            }
+        }
+        for (key, join) in joins {
+            self.start_join(&key, join);
         }
     }
 
@@ -522,16 +395,35 @@ impl State {
     /// reads any more.
     fn prune(&mut self) {
         self.watches.retain(|(resource, version), entry| {
-            entry.subscribers.retain(|s| !s.sink.is_closed());
-            if entry.subscribers.is_empty() {
+            if entry.fanout.prune() {
+                true
+            } else {
                 entry.abort.abort();
                 info!(resource = %resource.object_count_name(), %version, "shared wildcard watch stopped");
                 false
-            } else {
-                true
             }
         });
     }
+}
+
+/// Calls `f` with the fan-out's view of a shared watch's object; `None` (and a log line) for
+/// one without the `kcp.io/cluster` annotation, which no subscriber can claim.
+fn with_seen<R>(
+    object: &PartialObjectMeta<DynamicObject>,
+    f: impl FnOnce(&Seen<'_, ObjectEvent>) -> R,
+) -> Option<R> {
+    let Some(cluster) = object.annotations().get(CLUSTER_ANNOTATION) else {
+        warn!(name = %object.name_any(), "a shared-watch object without the kcp.io/cluster annotation; ignored");
+        return None;
+    };
+    let event = event_of(object);
+    let namespace = event.namespace.clone();
+    Some(f(&Seen {
+        cluster,
+        namespace: &namespace,
+        revision: revision(object),
+        object: event,
+    }))
 }
 
 async fn run(
@@ -548,7 +440,6 @@ async fn run(
         watches: BTreeMap::new(),
         streams: SelectAll::new(),
         joins: FuturesUnordered::new(),
-        generation: 0,
         clients: BTreeMap::new(),
     };
     let mut tick = tokio::time::interval(Duration::from_secs(5));
@@ -557,7 +448,7 @@ async fn run(
             () = inbox.changed.notified() => {
                 let subscriptions = std::mem::take(&mut *lock(&inbox.subscriptions));
                 for Subscription { cluster, namespace, served, sink } in subscriptions {
-                    if !sink.is_closed() {
+                    if !fanout::Sink::is_closed(&sink) {
                         state.subscribe(cluster, namespace, &served, sink);
                     }
                 }
@@ -574,140 +465,9 @@ async fn run(
             _ = tick.tick() => {
                 state.prune();
                 state.rejoin_caught_up();
-                state.clients.retain(|c, _| state.watches.values().any(|w| w.subscribers.iter().any(|s| &s.cluster == c)));
+                state.clients.retain(|c, _| state.watches.values().any(|w| w.fanout.serves(c)));
                 metrics.kcp_shared_watches(state.watches.len());
             }
         }
-    }
-}
-
-/// Passes a shared watch's change to the subscribers it concerns (buffered for those joining).
-fn route(entry: &mut Shared, object: &PartialObjectMeta<DynamicObject>, delete: bool) {
-    let rv = revision(object);
-    for s in entry.subscribers.iter_mut().filter(|s| s.wants(object)) {
-        let item = if delete {
-            WatchItem::Delete(event_of(object))
-        } else {
-            WatchItem::Apply(event_of(object))
-        };
-        match &mut s.phase {
-            Phase::Live if s.sink.unread() >= MAX_PENDING => overflow(s),
-            Phase::Live => s.sink.send(item),
-            Phase::Joining { buffer, .. } if buffer.len() >= MAX_PENDING => overflow(s),
-            Phase::Joining { buffer, .. } => buffer.push((rv, item)),
-            // A relist in progress delivers the object's state itself; an overflowed
-            // subscriber lists again once caught up.
-            Phase::Relisting | Phase::Overflowed => {}
-        }
-    }
-}
-
-/// How long a join list waits after `failures` failed ones: none at first, then 2 s doubling
-/// up to 5 minutes.
-fn join_retry(failures: u32) -> Duration {
-    doubling(Duration::from_secs(2), failures, Duration::from_secs(300))
-}
-
-/// `first` after the first failure, twice as long after each further one, at most `max`;
-/// nothing before any failure (shared by the hub's join lists and kcp's controller restarts).
-pub(crate) fn doubling(first: Duration, failures: u32, max: Duration) -> Duration {
-    match failures {
-        0 => Duration::ZERO,
-        n => first.saturating_mul(1 << (n - 1).min(16)).min(max),
-    }
-}
-
-/// A subscriber fell too far behind: drop its events (and buffer) until it can list again.
-fn overflow(s: &mut Subscriber) {
-    warn!(cluster = %s.cluster, unread = s.sink.unread(), "a shared-watch subscriber fell behind; dropping its events until it lists again");
-    s.phase = Phase::Overflowed;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn object(cluster: &str, name: &str, rv: u64) -> PartialObjectMeta<DynamicObject> {
-        PartialObjectMeta {
-            types: None,
-            metadata: kube::api::ObjectMeta {
-                name: Some(name.into()),
-                namespace: Some("team".into()),
-                resource_version: Some(rv.to_string()),
-                annotations: Some([(CLUSTER_ANNOTATION.to_owned(), cluster.to_owned())].into()),
-                ..Default::default()
-            },
-            _phantom: std::marker::PhantomData,
-        }
-    }
-
-    fn shared(subscribers: Vec<Subscriber>) -> Shared {
-        Shared {
-            served: ServedResource {
-                resource: GroupResource::core("configmaps"),
-                version: "v1".into(),
-                kind: "ConfigMap".into(),
-                namespaced: true,
-                verbs: vec![],
-            },
-            abort: AbortHandle::new_pair().0,
-            listing: false,
-            init_seen: true,
-            subscribers,
-        }
-    }
-
-    fn subscriber(cluster: &str, phase: Phase) -> (Subscriber, mpsc::UnboundedReceiver<WatchItem>) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let sink = Sink {
-            tx,
-            unread: Arc::new(AtomicUsize::new(0)),
-        };
-        let s = Subscriber {
-            cluster: ClusterName::new(cluster),
-            namespace: None,
-            sink,
-            phase,
-        };
-        (s, rx)
-    }
-
-    #[test]
-    fn a_subscriber_that_falls_behind_overflows_instead_of_growing_without_bound() {
-        let (slow, _rx) = subscriber("a", Phase::Live);
-        let (other, mut other_rx) = subscriber("b", Phase::Live);
-        let joining = Phase::Joining {
-            generation: 1,
-            buffer: Vec::new(),
-            failures: 0,
-        };
-        let (joiner, _rx3) = subscriber("c", joining);
-        let mut entry = shared(vec![slow, other, joiner]);
-        for i in 0..=MAX_PENDING as u64 {
-            route(&mut entry, &object("a", &format!("o{i}"), i), false);
-            route(&mut entry, &object("c", &format!("o{i}"), i), false);
-        }
-        route(&mut entry, &object("b", "x", 1), false);
-        assert!(matches!(entry.subscribers[0].phase, Phase::Overflowed));
-        assert_eq!(
-            entry.subscribers[0].sink.unread(),
-            MAX_PENDING,
-            "no more than the bound queued"
-        );
-        assert!(
-            matches!(entry.subscribers[2].phase, Phase::Overflowed),
-            "a join buffer is bounded too"
-        );
-        assert!(
-            matches!(entry.subscribers[1].phase, Phase::Live),
-            "others are unaffected"
-        );
-        assert!(matches!(other_rx.try_recv(), Ok(WatchItem::Apply(_))));
-        route(&mut entry, &object("a", "late", 1), false);
-        assert_eq!(
-            entry.subscribers[0].sink.unread(),
-            MAX_PENDING,
-            "dropped while overflowed"
-        );
     }
 }

@@ -38,7 +38,7 @@ use tracing::warn;
 pub use lazyquota_index::planner::WatchKey;
 
 /// One object of a watch event.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct ObjectEvent {
     /// Its namespace.
     pub namespace: String,
@@ -48,23 +48,8 @@ pub struct ObjectEvent {
     pub object: Projected,
 }
 
-/// One event of a watch.
-#[derive(Debug)]
-pub enum WatchItem {
-    /// A (re)list starts: a fresh generation follows.
-    Init,
-    /// An object of the (re)list.
-    InitApply(ObjectEvent),
-    /// The (re)list is complete.
-    InitDone,
-    /// An object was added or modified.
-    Apply(ObjectEvent),
-    /// An object was deleted.
-    Delete(ObjectEvent),
-    /// The watch failed and retries with backoff: a short `reason` label for metrics, and
-    /// the error's text.
-    Failed(&'static str, String),
-}
+/// One event of a watch (a controller's own or its share of a kcp shared watch).
+pub type WatchItem = lazyquota_index::fanout::WatchItem<ObjectEvent>;
 
 /// Per-watch options.
 #[derive(Clone, Copy, Debug)]
