@@ -50,8 +50,10 @@ use lazyquota_quota::Quantity;
 enum Controller {
     Kcm,
     Eager,
+    /// Lazy mode with the default transport (HTTP/2).
     Lazy,
-    LazyHttp2,
+    /// Lazy mode over HTTP/1.1 (`--transport http1`: a connection per watch).
+    LazyHttp1,
     /// Lazy mode with another build of the binary (`--lazy-binary LABEL=PATH`): a release
     /// profile variant, compared in the same run. Label and path leak once per flag.
     LazyBinary(&'static str, &'static str),
@@ -63,7 +65,7 @@ impl Controller {
             Self::Kcm => "KCM (resourcequota only)",
             Self::Eager => "lazyquota --mode eager",
             Self::Lazy => "lazyquota --mode lazy",
-            Self::LazyHttp2 => "lazyquota --mode lazy --transport http2",
+            Self::LazyHttp1 => "lazyquota --mode lazy --transport http1",
             Self::LazyBinary(label, _) => label,
         }
     }
@@ -138,8 +140,8 @@ impl Args {
                             "kcm" => Controller::Kcm,
                             "eager" => Controller::Eager,
                             "lazy" => Controller::Lazy,
-                            "lazy-h2" => Controller::LazyHttp2,
-                            other => panic!("unknown controller {other} (kcm, eager, lazy, lazy-h2)"),
+                            "lazy-h1" => Controller::LazyHttp1,
+                            other => panic!("unknown controller {other} (kcm, eager, lazy, lazy-h1)"),
                         })
                         .collect();
                 }
@@ -791,16 +793,16 @@ fn start(controller: Controller, kubeconfig: &Path, state: &Path) -> Process {
                 metrics_url: format!("https://127.0.0.1:{port}"),
             }
         }
-        Controller::Eager | Controller::Lazy | Controller::LazyHttp2 | Controller::LazyBinary(..) => {
+        Controller::Eager | Controller::Lazy | Controller::LazyHttp1 | Controller::LazyBinary(..) => {
             let mode = if controller == Controller::Eager {
                 "eager"
             } else {
                 "lazy"
             };
-            let transport = if controller == Controller::LazyHttp2 {
-                "http2"
-            } else {
+            let transport = if controller == Controller::LazyHttp1 {
                 "http1"
+            } else {
+                "http2"
             };
             let binary = match controller {
                 Controller::LazyBinary(_, path) => path,

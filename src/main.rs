@@ -232,11 +232,16 @@ struct RunArgs {
     /// which a failing apiserver watch cache can answer with a stale empty list.
     #[arg(long, value_enum, default_value_t = StreamingLists::Off)]
     streaming_lists: StreamingLists,
-    /// How to talk to the apiserver: HTTP/1.1 (one connection per open watch) or HTTP/2 (all
-    /// watches multiplexed on one connection; beyond the apiserver's stream limit per
-    /// connection, 250 by default, further requests would wait).
-    #[arg(long, value_enum, default_value_t = TransportArg::Http1)]
+    /// How to talk to the apiserver: HTTP/2 (watches multiplexed on one connection, another
+    /// one opened per --http2-streams-per-connection open streams) or HTTP/1.1 (one connection
+    /// per open watch).
+    #[arg(long, value_enum, default_value_t = TransportArg::Http2)]
     transport: TransportArg,
+    /// HTTP/2: streams opened on one connection before another is opened. Keep it below the
+    /// server's limit (SETTINGS_MAX_CONCURRENT_STREAMS: 100 in a generic apiserver unless
+    /// --http2-max-streams-per-connection says otherwise), else requests queue behind watches.
+    #[arg(long, value_name = "N", default_value_t = lazyquota_kube::spread::DEFAULT_STREAMS_PER_CONNECTION, value_parser = clap::value_parser!(u16).range(1..))]
+    http2_streams_per_connection: u16,
     /// Where to serve /metrics, /healthz and /readyz.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9090")]
     metrics_addr: SocketAddr,
@@ -440,6 +445,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         discovery_poll,
         streaming_lists,
         transport,
+        http2_streams_per_connection,
         metrics_addr,
         metrics_auth,
         quota_usage_metrics,
@@ -452,7 +458,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     init_tracing(log_format);
     let transport = match transport {
         TransportArg::Http1 => Transport::Http1,
-        TransportArg::Http2 => Transport::Http2,
+        TransportArg::Http2 => Transport::Http2 {
+            streams_per_connection: usize::from(http2_streams_per_connection),
+        },
     };
     let shard = cluster.shard(transport).await?;
     let endpoints = match &shard {

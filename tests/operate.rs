@@ -637,3 +637,104 @@ async fn metrics_behind_delegated_authentication_and_authorization() {
         .await;
     ns.delete().await.expect("delete namespace");
 }
+
+/// Established TCP connections from process `pid` to `port` on loopback (`ss`).
+fn connections_to(pid: u32, port: u16) -> usize {
+    let out = Command::new("ss")
+        .args(["-tnpH", "state", "established"])
+        .output()
+        .expect("ss (iproute2)");
+    let (needle, port) = (format!("pid={pid},"), format!(":{port}"));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| {
+            l.contains(&needle)
+                && l.split_whitespace()
+                    .nth(3)
+                    .is_some_and(|peer| peer.ends_with(&port))
+        })
+        .count()
+}
+
+/// HTTP/2 is the default, and a connection carries at most `--http2-streams-per-connection`
+/// streams: with 2, the quota, CRD and APIService watches and the watches of the five types a
+/// quota constrains spread over at least four connections to the apiserver, and status writes
+/// still go through (none queues behind the watches). With the default (64) they all share
+/// one connection.
+#[tokio::test]
+async fn http2_streams_spread_over_connections_at_the_per_connection_limit() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cp = ControlPlane::get(Flavor::LazyquotaOnly);
+    let port = cp
+        .config()
+        .await
+        .expect("config")
+        .cluster_url
+        .port_u16()
+        .expect("apiserver port");
+    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "spread")
+        .await
+        .expect("namespace");
+    let quotas = ns.api::<ResourceQuota>();
+    let keys = [
+        "count/configmaps",
+        "count/secrets",
+        "services",
+        "count/serviceaccounts",
+        "persistentvolumeclaims",
+    ];
+    let hard: Vec<(&str, &str)> = keys.iter().map(|k| (*k, "10")).collect();
+    quotas
+        .create(&PostParams::default(), &quota("q", &hard))
+        .await
+        .expect("quota");
+    let secrets = ns.api::<k8s_openapi::api::core::v1::Secret>();
+    let secret = |name: &str| k8s_openapi::api::core::v1::Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        ..Default::default()
+    };
+
+    for (per_connection, secret_name, count, want) in
+        [("2", "one", "1", 4..usize::MAX), ("64", "two", "2", 1..2)]
+    {
+        let process = Lazyquota::start(
+            cp.kubeconfig(),
+            &["--http2-streams-per-connection", per_connection],
+        );
+        let pid = process.child.id();
+        let all_keys = eventually(WAIT, || async {
+            let q = quotas.get("q").await.ok()?;
+            let used = q.status?.used?;
+            keys.iter().all(|k| used.contains_key(*k)).then_some(())
+        })
+        .await;
+        assert!(
+            all_keys.is_some(),
+            "every key computed with {per_connection} streams per connection"
+        );
+        secrets
+            .create(&PostParams::default(), &secret(secret_name))
+            .await
+            .expect("secret");
+        used_becomes(&quotas, "q", "count/secrets", count)
+            .await
+            .unwrap_or_else(|| {
+                panic!("a status write went through with {per_connection} streams per connection")
+            });
+        let seen = eventually(WAIT, || async {
+            let n = connections_to(pid, port);
+            want.contains(&n).then_some(n)
+        })
+        .await;
+        assert!(
+            seen.is_some(),
+            "{per_connection} streams per connection: {} connections to the apiserver, want {want:?}",
+            connections_to(pid, port)
+        );
+        drop(process);
+    }
+    ns.delete().await.expect("delete namespace");
+}

@@ -2,7 +2,10 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::deadline::{DeadlineLayer, Deadlines};
+use crate::{
+    deadline::{DeadlineLayer, Deadlines},
+    spread::Spread,
+};
 use kube::{
     Client, Config,
     config::{KubeConfigOptions, Kubeconfig},
@@ -75,19 +78,27 @@ pub async fn connect(kubeconfig: Option<&Path>, context: Option<&str>) -> Result
 }
 
 /// How the client talks to the apiserver.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transport {
     /// HTTP/1.1: one connection (and one hyper task) per open watch, as kube-client does.
-    #[default]
     Http1,
-    /// HTTP/2 negotiated by ALPN: every request and watch to one apiserver multiplexed over one
-    /// connection, as client-go does.
-    ///
-    /// Caveat: the apiserver limits concurrent streams per connection (Go's default 250) and a
-    /// watch holds its stream for its lifetime; hyper's pool queues requests on the one
-    /// connection rather than opening another, so beyond that many open watches new requests
-    /// would wait. That is why HTTP/1.1 stays the default.
-    Http2,
+    /// HTTP/2 negotiated by ALPN: requests and watches multiplexed over one connection, as
+    /// client-go does, and another connection each time every open one carries
+    /// `streams_per_connection` streams ([`crate::spread`]), so no request queues behind
+    /// watches at the server's stream limit.
+    Http2 {
+        /// Streams opened on one connection before another is opened.
+        streams_per_connection: usize,
+    },
+}
+
+impl Default for Transport {
+    /// HTTP/2 with [`crate::spread::DEFAULT_STREAMS_PER_CONNECTION`] streams per connection.
+    fn default() -> Self {
+        Self::Http2 {
+            streams_per_connection: usize::from(crate::spread::DEFAULT_STREAMS_PER_CONNECTION),
+        }
+    }
 }
 
 /// Builds a client from [`load_config`] with the chosen transport.
@@ -116,12 +127,13 @@ type Hyper = hyper_util::client::legacy::Client<
 >;
 
 /// One connection pool shared by clients of several base URLs on one server — a kcp shard's
-/// logical clusters (`<shard>/clusters/<name>`): over HTTP/2 they all share one connection,
-/// over HTTP/1.1 idle connections are reused across them. TLS settings and credentials come
-/// from the configuration the pool was made with.
+/// logical clusters (`<shard>/clusters/<name>`): over HTTP/2 they all share one connection
+/// (more once it carries its share of streams: [`crate::spread`]), over HTTP/1.1 idle
+/// connections are reused across them. TLS settings and credentials come from the
+/// configuration the pool was made with.
 #[derive(Clone)]
 pub struct Pool {
-    hyper: Hyper,
+    hyper: Spread<Hyper>,
     deadlines: Deadlines,
 }
 
@@ -147,18 +159,24 @@ impl Pool {
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http();
-        let https = match transport {
-            Transport::Http1 => https.enable_http1().wrap_connector(http),
-            Transport::Http2 => https.enable_all_versions().wrap_connector(http),
+        let (https, per_connection) = match transport {
+            // hyper's own pool opens a connection per request in flight.
+            Transport::Http1 => (https.enable_http1().wrap_connector(http), usize::MAX),
+            Transport::Http2 {
+                streams_per_connection,
+            } => (
+                https.enable_all_versions().wrap_connector(http),
+                streams_per_connection,
+            ),
         };
-        let hyper = Builder::new(TokioExecutor::new())
+        let mut builder = Builder::new(TokioExecutor::new());
+        builder
             .timer(TokioTimer::new())
             .http2_keep_alive_interval(std::time::Duration::from_secs(30))
             .http2_keep_alive_timeout(std::time::Duration::from_secs(10))
-            .http2_keep_alive_while_idle(true)
-            .build(https);
+            .http2_keep_alive_while_idle(true);
         Ok(Self {
-            hyper,
+            hyper: Spread::new(per_connection, move || builder.build(https.clone())),
             deadlines: Deadlines::default(),
         })
     }

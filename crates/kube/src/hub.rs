@@ -25,7 +25,7 @@
 //! joins again with a list of its own — overflow turns into a relist, never into lost counts.
 //! The hub's task ends when the last [`Hub`] handle is dropped (a lost Lease drops them all).
 //!
-//! Costs: one task for the hub; per shared type one watch (one connection over HTTP/1.1) and the
+//! Costs: one task for the hub; per shared type one watch (a stream over HTTP/2, a connection over HTTP/1.1) and the
 //! metadata decoding of every event of that type on the shard, also of clusters nobody asked
 //! for — which is why sharing starts at a threshold; per subscriber a channel (and, while it
 //! joins, its buffered events). Nothing is stored: the objects live in each controller's store.

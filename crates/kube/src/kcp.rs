@@ -10,7 +10,7 @@
 //! A logical cluster costs nothing until a ResourceQuota appears in it: no controller, no
 //! watch, no discovery — the workspace-level form of lazyquota's rule, on top of the per-type
 //! rule each engaged controller applies. All clients share one connection pool to the shard
-//! ([`crate::client::Pool`]; with `--transport http2` one connection for the whole shard). The
+//! ([`crate::client::Pool`]; over HTTP/2, the default, one connection per 64 open streams). The
 //! cluster of every wildcard object is its `kcp.io/cluster` annotation.
 //!
 //! When at least `shared_threshold` engaged clusters watch a type for counts, one shared

@@ -14,6 +14,7 @@ pub mod report;
 pub mod shard;
 pub mod snapshot;
 pub mod source;
+pub mod spread;
 pub mod watch;
 
 /// The wall clock as the quota crate takes time (it has no clock of its own).
@@ -27,7 +28,12 @@ pub fn now() -> lazyquota_quota::Time {
 /// The store id of the object named `name`: keyed by a secret chosen once per process (see
 /// [`lazyquota_index::keys::ObjectIds`]), the same for every controller of the process.
 pub fn object_id(name: &str) -> u64 {
+    object_ids().id(name)
+}
+
+/// The process's object ids (see [`object_id`]).
+pub fn object_ids() -> &'static lazyquota_index::keys::ObjectIds {
     static IDS: std::sync::LazyLock<lazyquota_index::keys::ObjectIds> =
         std::sync::LazyLock::new(|| lazyquota_index::keys::ObjectIds::new(std::hash::RandomState::new()));
-    IDS.id(name)
+    &IDS
 }
