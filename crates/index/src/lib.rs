@@ -14,7 +14,9 @@
 //! - [`queue`]: the reconciler's work queue (dedup, per-key backoff).
 //! - [`resolver`]: which resources each cluster serves and can be quota'd (discovery).
 //! - [`keys`]: identities, all carrying the logical cluster.
-//! - [`planner`]: which watches to run and why; [`membership`], [`sharing`], [`fanout`]: kcp.
+//! - [`planner`]: which watches to run and why; [`watches`]: the running ones, and what their
+//!   events do (the controller only carries out its actions).
+//! - [`membership`], [`sharing`], [`fanout`]: kcp's shard-level decisions.
 
 pub mod demand;
 pub mod engine;
@@ -27,3 +29,4 @@ pub mod queue;
 pub mod resolver;
 pub mod sharing;
 pub mod store;
+pub mod watches;

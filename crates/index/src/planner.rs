@@ -7,8 +7,9 @@
 //! `explain` prints [`why`], which is built from the same function, so the two cannot
 //! disagree.
 //!
-//! What it does not decide yet: the running watches' bookkeeping (fills, relists, failures)
-//! and kcp's shared wildcard watches, which the controller and the hub still keep.
+//! The running watches' bookkeeping (fills, relists, failures) is [`crate::watches`], which
+//! asks this module for the plan; kcp's shared wildcard watches are [`crate::sharing`] (which
+//! types) and [`crate::fanout`] (which events go to whom).
 
 use std::{
     collections::{BTreeMap, BTreeSet},

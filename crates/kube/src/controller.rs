@@ -1,11 +1,16 @@
-//! The controller: one task that drives the pure [`Engine`] and the work queue.
+//! The controller: one task that drives the pure [`Engine`], the pure watch set
+//! ([`Watches`]) and the work queue, and carries out what they decide.
 //!
 //! ```text
-//!  ResourceQuota watch ─► Engine.apply_quota ─► demand changes ─► watch set (start / stop)
-//!  CRD/APIService watch ─► discovery ─► Engine.discovered ─────────┘        │
-//!  object watches (one SelectAll, polled by this task) ─► Engine stores ─► replenish ─► WorkQueue
+//!  ResourceQuota watch ─► Engine.apply_quota ─► demand changes ─► Watches.sync ─► Start / Stop / Fill
+//!  CRD/APIService watch ─► discovery ─► Engine.discovered ─────────┘
+//!  object watches (one SelectAll, polled by this task) ─► Watches.on_item ─► Engine stores ─► Enqueue
 //!  WorkQueue ─► Engine.compute ─► status PUT (bounded concurrency) or shadow report
 //! ```
+//!
+//! Which watches run, what each fills and what its events do is decided by
+//! `crates/index/src/watches.rs` (unit and property tests, no IO); this file opens and
+//! closes streams and lists, writes status and Events, and counts metrics.
 //!
 //! Everything mutable lives in [`Controller`] and is touched only by its `run` loop: no locks.
 //! The only other tasks are hyper's, one per open connection. Metrics and readiness ask the
@@ -39,14 +44,13 @@ use kube::{
     },
 };
 use lazyquota_index::{
-    demand::is_cluster_wide,
-    engine::{Applied, Engine, Projected, StoreKind, same_value, store_kind},
-    keys::{ALL_NAMESPACES, ClusterName, GroupResource, Need, QuotaKey},
-    planner::{self, Plan, PlanSettings},
+    engine::{Engine, Projected, same_value},
+    keys::{ClusterName, GroupResource, QuotaKey},
+    planner::{self, PlanSettings},
     policy::DemandChange,
     queue::WorkQueue,
-    resolver::ResolverChange,
-    store::PartitionKey,
+    resolver::{ResolverChange, ServedResource},
+    watches::{Action, Watches},
 };
 use lazyquota_quota::{FeatureGates, Interner, StatusDecision};
 use tokio::sync::{mpsc, oneshot};
@@ -56,8 +60,8 @@ pub use crate::snapshot::{QuotaKeyUsage, Snapshot, SnapshotHandle, WatchInfo};
 use crate::{
     discovery::{Discovered, discover},
     metrics::Metrics,
-    now, object_id,
-    watch::{ObjectEvent, WatchItem, WatchKey, WatchOptions},
+    now,
+    watch::{WatchItem, WatchKey, WatchOptions},
 };
 
 pub use lazyquota_index::planner::Mode;
@@ -149,9 +153,6 @@ fn busy_writes(started: impl Iterator<Item = Instant>, now: Instant) -> (usize, 
     (busy, next)
 }
 
-/// Namespace fills (lists of one namespace joining a cluster-wide watch) running at once.
-const MAX_FILLS: usize = 8;
-
 /// An Event's note, at most (events.k8s.io/v1 allows 1024 bytes).
 const MAX_NOTE_BYTES: usize = 1000;
 
@@ -191,27 +192,13 @@ pub enum Error {
     QuotaWatchEnded,
 }
 
-/// One open watch.
-#[allow(clippy::struct_excessive_bools)] // independent facts about one watch
-struct Running {
-    id: u64,
+/// The IO side of one open watch (its state is the pure watch set's).
+struct Handle {
     abort: AbortHandle,
-    /// Namespaces whose partitions this watch fills (lazy mode).
-    namespaces: BTreeSet<Arc<str>>,
-    /// Eager mode: every namespace's objects are held.
-    hold_all: bool,
-    synced: bool,
-    relisting: bool,
-    /// The last failure, until the next successful list.
-    failure: Option<(&'static str, String)>,
     /// This watch's event counter (cached: one atomic add per event).
     events: prometheus::IntCounter,
     /// When it was opened.
     started: Instant,
-    /// Lists (initial and relists) it has started.
-    lists: u32,
-    /// Served by the kcp hub's shared wildcard watch (not a watch of its own).
-    shared: bool,
 }
 
 type WriteResult = (QuotaKey, Instant, Result<ResourceQuota, kube::Error>);
@@ -224,10 +211,11 @@ pub struct Controller {
     options: WatchOptions,
     interner: Arc<Interner>,
     engine: Engine,
-    watches: BTreeMap<WatchKey, Running>,
-    by_id: HashMap<u64, WatchKey>,
+    /// What is watched and why: the pure watch set.
+    watches: Watches,
+    /// Each open watch's abort handle, counter and start.
+    handles: HashMap<u64, Handle>,
     streams: SelectAll<BoxStream<'static, (u64, WatchItem)>>,
-    next_id: u64,
     queue: WorkQueue<QuotaKey>,
     writes: FuturesUnordered<BoxFuture<'static, WriteResult>>,
     /// When each status write in flight started (one per quota at most: the queue does not
@@ -236,11 +224,9 @@ pub struct Controller {
     stats: Snapshot,
     metrics: Metrics,
     recorder: Recorder,
-    /// Lists filling namespaces that joined a cluster-wide watch (polled by the loop; at most
-    /// [`MAX_FILLS`] at once).
+    /// Lists filling namespaces that joined a cluster-wide watch (polled by the loop; the
+    /// watch set starts at most [`lazyquota_index::watches::MAX_FILLS`] at once).
     fills: FuturesUnordered<BoxFuture<'static, FillResult>>,
-    /// Fills waiting for a free slot (one entry per demanded watch and namespace at most).
-    fill_queue: std::collections::VecDeque<(WatchKey, Arc<str>)>,
     /// Events being published (polled by the loop; at most [`MAX_PENDING_EVENTS`]).
     events: FuturesUnordered<BoxFuture<'static, ()>>,
     requests: mpsc::Receiver<oneshot::Sender<Snapshot>>,
@@ -271,7 +257,6 @@ impl Controller {
         let controller = Self {
             recorder,
             fills: FuturesUnordered::new(),
-            fill_queue: std::collections::VecDeque::new(),
             events: FuturesUnordered::new(),
             client,
             options,
@@ -281,10 +266,9 @@ impl Controller {
             } else {
                 Engine::new(config.gates)
             },
-            watches: BTreeMap::new(),
-            by_id: HashMap::new(),
+            watches: Watches::new(Self::plan_settings(&config), false, crate::object_ids().clone()),
+            handles: HashMap::new(),
             streams: SelectAll::new(),
-            next_id: 0,
             queue: WorkQueue::new(),
             writes: FuturesUnordered::new(),
             writing: HashMap::new(),
@@ -304,6 +288,11 @@ impl Controller {
     #[must_use]
     pub fn with_hub(mut self, hub: crate::hub::Hub) -> Self {
         self.hub = Some(hub);
+        self.watches = Watches::new(
+            Self::plan_settings(&self.config),
+            true,
+            crate::object_ids().clone(),
+        );
         self
     }
 
@@ -386,10 +375,6 @@ impl Controller {
                 Some(()) = self.events.next(), if !self.events.is_empty() => {}
                 Some((key, namespace, listed)) = self.fills.next(), if !self.fills.is_empty() => {
                     self.on_fill(&key, &namespace, listed);
-                    while self.fills.len() < MAX_FILLS {
-                        let Some((key, namespace)) = self.fill_queue.pop_front() else { break };
-                        self.start_fill(key, namespace);
-                    }
                 }
                 Some(reply) = self.requests.recv() => {
                     let _ = reply.send(self.snapshot());
@@ -401,8 +386,8 @@ impl Controller {
             in_flight = self.writes.len(),
             "stopping watches, finishing status writes"
         );
-        for running in self.watches.values() {
-            running.abort.abort();
+        for handle in self.handles.values() {
+            handle.abort.abort();
         }
         let drain = async {
             while let Some((key, started, result)) = self.writes.next().await {
@@ -521,6 +506,7 @@ impl Controller {
             warn!(groups = ?discovered.failed_groups, "API groups unavailable; keys computed from them keep their previous values");
             self.unavailable_groups = discovered.failed_groups.iter().cloned().collect();
         }
+        let first = !self.engine.resolver.knows(&cluster);
         let changes = self
             .engine
             .discovered(&cluster, discovered.served, &discovered.failed_groups);
@@ -530,13 +516,15 @@ impl Controller {
             let (ResolverChange::Served(r) | ResolverChange::Gone(r) | ResolverChange::Changed(r)) = &change;
             if let ResolverChange::Changed(_) | ResolverChange::Gone(_) = change {
                 // A version change restarts the watch; a resource that is gone stops it.
-                self.stop_watches_of(&cluster, r);
+                let mut out = Vec::new();
+                self.watches.stop_all_of(&mut self.engine, &cluster, r, &mut out);
+                self.carry_out(out);
             }
             touched.insert(r.clone());
         }
         touched.extend(planner::eager_resources(
             &self.engine,
-            &self.plan_settings(),
+            &Self::plan_settings(&self.config),
             &cluster,
         ));
         let now = Instant::now();
@@ -546,6 +534,10 @@ impl Controller {
             for key in self.engine.index.computing(&cluster, resource) {
                 self.queue.add(key, now);
             }
+        }
+        if first {
+            // Quotas were held back until now (see `sync_quota`).
+            self.enqueue_all();
         }
         self.report_unavailable();
     }
@@ -593,7 +585,7 @@ impl Controller {
         self.told_unavailable = now_unavailable;
     }
 
-    // ---- demand → watches ------------------------------------------------------------------
+    // ---- demand → watches: the pure watch set decides, this carries out -------------------
 
     fn apply_demand(&mut self, changes: &[DemandChange]) {
         let touched: BTreeSet<(ClusterName, GroupResource)> = changes
@@ -605,94 +597,155 @@ impl Controller {
         }
     }
 
-    /// The watches (cluster, resource) should have now, with the namespaces each fills: the
-    /// planner's answer for this run's settings.
-    fn desired_watches(&self, cluster: &ClusterName, resource: &GroupResource) -> Plan {
-        planner::desired_watches(&self.engine, &self.plan_settings(), cluster, resource)
-    }
-
     /// The settings the planner takes from this run's configuration.
-    fn plan_settings(&self) -> PlanSettings {
+    fn plan_settings(config: &Config) -> PlanSettings {
         PlanSettings {
-            mode: self.config.mode,
-            namespace_watch_threshold: self.config.namespace_watch_threshold,
-            gates: self.config.gates,
+            mode: config.mode,
+            namespace_watch_threshold: config.namespace_watch_threshold,
+            gates: config.gates,
         }
     }
 
     fn sync_watches(&mut self, cluster: &ClusterName, resource: &GroupResource) {
-        let desired = self.desired_watches(cluster, resource);
-        let current: Vec<WatchKey> = self
-            .watches
-            .keys()
-            .filter(|k| &k.cluster == cluster && &k.resource == resource)
-            .cloned()
-            .collect();
-        for key in current {
-            let Some(namespaces) = desired.get(&key) else {
-                self.stop_watch(&key);
-                continue;
-            };
-            let running = self.watches.get_mut(&key).expect("listed above");
-            if running.hold_all {
-                continue;
-            }
-            let added: Vec<Arc<str>> = namespaces.difference(&running.namespaces).cloned().collect();
-            let removed: Vec<Arc<str>> = running.namespaces.difference(namespaces).cloned().collect();
-            if added.iter().chain(&removed).any(|ns| &**ns == ALL_NAMESPACES) {
-                // Every namespace joins (or leaves) at once: a relist, not a fill per namespace.
-                self.stop_watch(&key);
-                continue;
-            }
-            for ns in &removed {
-                running.namespaces.remove(ns);
-            }
-            running.namespaces.extend(added.iter().cloned());
-            let kind = store_kind(&key.resource, key.need);
-            for ns in removed {
-                self.engine.release(kind, &partition(&key, &ns));
-            }
-            let cluster_scoped_resource = !self
-                .engine
-                .resolver
-                .get(cluster, resource)
-                .is_some_and(|s| s.namespaced);
-            for ns in added {
-                if cluster_scoped_resource {
-                    // A namespace holds no cluster-scoped object: nothing to list.
-                    let p = partition(&key, &ns);
-                    self.engine.begin_fill(kind, p.clone());
-                    self.engine.finish_fill(kind, &p, Vec::new());
-                    continue;
+        let hub = &self.hub;
+        let shared = |r: &GroupResource| hub.as_ref().is_some_and(|h| h.is_shared(r));
+        let mut out = Vec::new();
+        self.watches
+            .sync(&mut self.engine, cluster, resource, &shared, &mut out);
+        self.carry_out(out);
+    }
+
+    /// The hub's shared set changed: watches whose source no longer matches restart from the
+    /// other one.
+    fn on_shared_changed(&mut self) {
+        let hub = &self.hub;
+        let shared = |r: &GroupResource| hub.as_ref().is_some_and(|h| h.is_shared(r));
+        let mut out = Vec::new();
+        self.watches
+            .on_shared_changed(&mut self.engine, &shared, &mut out);
+        self.carry_out(out);
+    }
+
+    fn on_watch_item(&mut self, id: u64, item: WatchItem) {
+        if let Some(handle) = self.handles.get(&id) {
+            handle.events.inc();
+        }
+        let mut out = Vec::new();
+        self.watches.on_item(&mut self.engine, id, item, now(), &mut out);
+        self.carry_out(out);
+    }
+
+    fn on_fill(
+        &mut self,
+        key: &WatchKey,
+        namespace: &Arc<str>,
+        listed: kube::Result<Vec<(String, Projected)>>,
+    ) {
+        let hub = &self.hub;
+        let shared = |r: &GroupResource| hub.as_ref().is_some_and(|h| h.is_shared(r));
+        let mut out = Vec::new();
+        let listed = listed.map_err(|e| e.to_string());
+        self.watches
+            .on_fill(&mut self.engine, key, namespace, listed, &shared, &mut out);
+        self.carry_out(out);
+    }
+
+    /// Does what the watch set decided.
+    fn carry_out(&mut self, actions: Vec<Action>) {
+        let now = Instant::now();
+        for action in actions {
+            match action {
+                Action::Start {
+                    id,
+                    key,
+                    served,
+                    shared,
+                } => self.open_watch(id, &key, &served, shared),
+                Action::Stop { id, key } => {
+                    if let Some(handle) = self.handles.remove(&id) {
+                        handle.abort.abort();
+                    }
+                    info!(watch = %key, "watch stopped");
                 }
-                // A namespace joining a cluster-wide watch is filled by a list of its own; the
-                // shared watch keeps running (no relist of the whole resource).
-                self.engine.begin_fill(kind, partition(&key, &ns));
-                self.start_fill(key.clone(), ns);
-            }
-        }
-        if let Some(hub) = &self.hub {
-            hub.demand(cluster, resource, desired.keys().any(|k| k.need == Need::Count));
-        }
-        for (key, namespaces) in desired {
-            if !self.watches.contains_key(&key) {
-                self.start_watch(key, namespaces);
+                Action::Fill {
+                    key,
+                    namespace,
+                    served,
+                } => self.start_fill(key, namespace, served),
+                Action::Enqueue(quota) => self.queue.add(quota, now),
+                Action::Event {
+                    quota,
+                    warning,
+                    reason,
+                    note,
+                } => {
+                    let type_ = if warning {
+                        EventType::Warning
+                    } else {
+                        EventType::Normal
+                    };
+                    self.emit(&quota, type_, reason, &note);
+                }
+                Action::Demand {
+                    cluster,
+                    resource,
+                    count,
+                } => {
+                    if let Some(hub) = &self.hub {
+                        hub.demand(&cluster, &resource, count);
+                    }
+                }
+                Action::Listing(key) => self.metrics.relist(&key.resource_label()),
+                Action::Synced(key) => info!(watch = %key, "watch synced"),
+                Action::Recovered(key) => info!(watch = %key, "watch recovered"),
+                Action::Failing {
+                    key,
+                    reason,
+                    message,
+                    new_reason,
+                } => {
+                    self.metrics.watch_error(&key.resource_label(), reason);
+                    if new_reason {
+                        warn!(watch = %key, reason, error = %message, "watch failing; keys computed from it keep their previous values");
+                    }
+                }
+                Action::Malformed {
+                    key,
+                    namespace,
+                    name,
+                    reason,
+                } => {
+                    warn!(watch = %key, %namespace, %name, %reason, "object could not be projected; left out of usage");
+                }
+                Action::FillFailed {
+                    key,
+                    namespace,
+                    error,
+                } => {
+                    warn!(watch = %key, %namespace, %error, "listing a joining namespace failed; restarting the watch");
+                }
             }
         }
     }
 
-    fn start_fill(&mut self, key: WatchKey, namespace: Arc<str>) {
-        if self.fills.len() >= MAX_FILLS {
-            // A burst of namespaces joining (a new quota in each of 1,000) lists a few at a
-            // time; a queued fill no longer demanded when its turn comes is dropped on arrival.
-            if !self.fill_queue.iter().any(|(k, n)| k == &key && n == &namespace) {
-                self.fill_queue.push_back((key, namespace));
-            }
-            return;
-        }
-        let Some(served) = self.engine.resolver.get(&key.cluster, &key.resource).cloned() else {
-            return;
+    fn open_watch(&mut self, id: u64, key: &WatchKey, served: &ServedResource, shared: bool) {
+        let (stream, abort) = match &self.hub {
+            Some(hub) if shared => hub.subscribe(served, key, id),
+            _ => crate::watch::open(&self.client, served, key, self.options, &self.interner, id),
         };
+        info!(watch = %key, version = %served.version, shared, "watch started");
+        self.streams.push(stream);
+        self.handles.insert(
+            id,
+            Handle {
+                abort,
+                events: self.metrics.watch_events(&key.resource_label()),
+                started: Instant::now(),
+            },
+        );
+    }
+
+    fn start_fill(&mut self, key: WatchKey, namespace: Arc<str>, served: ServedResource) {
         let (client, gates, interner) = (self.client.clone(), self.config.gates, self.interner.clone());
         debug!(watch = %key, %namespace, "filling a joining namespace from a list");
         self.fills.push(
@@ -704,337 +757,6 @@ impl Controller {
             }
             .boxed(),
         );
-    }
-
-    fn on_fill(
-        &mut self,
-        key: &WatchKey,
-        namespace: &Arc<str>,
-        listed: kube::Result<Vec<(String, Projected)>>,
-    ) {
-        let Some(running) = self.watches.get(key) else {
-            return;
-        }; // stopped meanwhile
-        if !running.namespaces.contains(namespace) {
-            return; // no longer demanded
-        }
-        let kind = store_kind(&key.resource, key.need);
-        let p = partition(key, namespace);
-        match listed {
-            Ok(objects) => {
-                let objects = objects
-                    .into_iter()
-                    .map(|(name, o)| (object_id(&name), o))
-                    .collect();
-                if let Some(malformed) = self.engine.finish_fill(kind, &p, objects) {
-                    for reason in malformed {
-                        warn!(watch = %key, %namespace, %reason, "object could not be projected; left out of usage");
-                    }
-                    let now = Instant::now();
-                    for quota in self.engine.index.computing(&key.cluster, &key.resource) {
-                        let demand_ns = self
-                            .engine
-                            .index
-                            .get(&quota)
-                            .map(|e| e.demand_namespace().clone());
-                        if demand_ns.as_ref() == Some(namespace) {
-                            self.queue.add(quota, now);
-                        }
-                    }
-                }
-            }
-            Err(error) => {
-                // Fall back to the exact, heavier path: relist the whole resource.
-                warn!(watch = %key, %namespace, %error, "listing a joining namespace failed; restarting the watch");
-                self.stop_watch(key);
-                let (cluster, resource) = (key.cluster.clone(), key.resource.clone());
-                self.sync_watches(&cluster, &resource);
-            }
-        }
-    }
-
-    fn start_watch(&mut self, key: WatchKey, namespaces: BTreeSet<Arc<str>>) {
-        let Some(served) = self.engine.resolver.get(&key.cluster, &key.resource).cloned() else {
-            return;
-        };
-        self.next_id += 1;
-        let id = self.next_id;
-        let shared = key.need == Need::Count && self.hub.as_ref().is_some_and(|h| h.is_shared(&key.resource));
-        let (stream, abort) = match &self.hub {
-            Some(hub) if shared => hub.subscribe(&served, &key, id),
-            _ => crate::watch::open(&self.client, &served, &key, self.options, &self.interner, id),
-        };
-        let kind = store_kind(&key.resource, key.need);
-        for ns in &namespaces {
-            self.engine.hold(kind, partition(&key, ns));
-        }
-        info!(watch = %key, version = %served.version, shared, "watch started");
-        self.streams.push(stream);
-        self.by_id.insert(id, key.clone());
-        let hold_all = self.config.mode == Mode::Eager && !is_cluster_wide(&key.resource);
-        let key_label = key.resource_label();
-        self.watches.insert(
-            key,
-            Running {
-                id,
-                abort,
-                namespaces,
-                hold_all,
-                synced: false,
-                relisting: false,
-                failure: None,
-                events: self.metrics.watch_events(&key_label),
-                started: Instant::now(),
-                lists: 0,
-                shared,
-            },
-        );
-    }
-
-    /// The hub's shared set changed: watches whose source no longer matches restart from the
-    /// other one (a relist, from this controller's view).
-    fn on_shared_changed(&mut self) {
-        let Some(hub) = self.hub.clone() else { return };
-        let moved: BTreeSet<(ClusterName, GroupResource)> = self
-            .watches
-            .iter()
-            .filter(|(k, r)| k.need == Need::Count && r.shared != hub.is_shared(&k.resource))
-            .map(|(k, _)| (k.cluster.clone(), k.resource.clone()))
-            .collect();
-        for (cluster, resource) in moved {
-            info!(resource = %resource.object_count_name(), shared = hub.is_shared(&resource), "switching the watch source");
-            self.stop_watches_of(&cluster, &resource);
-            self.sync_watches(&cluster, &resource);
-        }
-    }
-
-    fn stop_watch(&mut self, key: &WatchKey) {
-        let Some(running) = self.watches.remove(key) else {
-            return;
-        };
-        running.abort.abort();
-        self.by_id.remove(&running.id);
-        let kind = store_kind(&key.resource, key.need);
-        for p in self.partitions_of(key, &running) {
-            self.engine.release(kind, &p);
-        }
-        info!(watch = %key, "watch stopped");
-    }
-
-    fn stop_watches_of(&mut self, cluster: &ClusterName, resource: &GroupResource) {
-        let keys: Vec<WatchKey> = self
-            .watches
-            .keys()
-            .filter(|k| &k.cluster == cluster && &k.resource == resource)
-            .cloned()
-            .collect();
-        for key in keys {
-            self.stop_watch(&key);
-        }
-    }
-
-    /// The partitions a watch fills (eager watches: every one held for its resource).
-    fn partitions_of(&self, key: &WatchKey, running: &Running) -> Vec<PartitionKey> {
-        if running.hold_all {
-            self.engine
-                .held_namespaces(store_kind(&key.resource, key.need), &key.cluster, &key.resource)
-        } else {
-            running.namespaces.iter().map(|ns| partition(key, ns)).collect()
-        }
-    }
-
-    // ---- watch events ----------------------------------------------------------------------
-
-    fn on_watch_item(&mut self, id: u64, item: WatchItem) {
-        let Some(key) = self.by_id.get(&id).cloned() else {
-            return;
-        }; // a stopped watch's last item
-        let Some(running) = self.watches.get(&key) else {
-            return;
-        };
-        let kind = store_kind(&key.resource, key.need);
-        running.events.inc();
-        if matches!(item, WatchItem::Apply(_) | WatchItem::Delete(_)) && running.failure.is_some() {
-            // The watch resumed where it broke off (no relist): an event proves it.
-            self.recovered(&key);
-        }
-        let Some(running) = self.watches.get(&key) else {
-            return;
-        };
-        match item {
-            WatchItem::Init => {
-                self.metrics.relist(&key.resource_label());
-                for p in self.partitions_of(&key, running) {
-                    self.engine.begin_relist(kind, &p);
-                }
-                let running = self.watches.get_mut(&key).expect("present");
-                running.relisting = true;
-                running.lists += 1;
-            }
-            WatchItem::InitApply(ObjectEvent {
-                namespace,
-                name,
-                object,
-            }) => {
-                for (p, id, object) in self.targets(&key, &namespace, &name, object) {
-                    if self.ensure_held(&key, kind, &p)
-                        && let Some(reason) = self.engine.relist_apply(kind, &p, id, object)
-                    {
-                        warn!(watch = %key, %namespace, %name, %reason, "object could not be projected; left out of usage");
-                    }
-                }
-            }
-            WatchItem::InitDone => {
-                let partitions = self.partitions_of(&key, running);
-                for p in &partitions {
-                    self.engine.finish_relist(kind, p);
-                }
-                let running = self.watches.get_mut(&key).expect("present");
-                let first = !running.synced;
-                running.synced = true;
-                running.relisting = false;
-                if running.failure.is_some() {
-                    self.recovered(&key);
-                } else if first {
-                    info!(watch = %key, "watch synced");
-                }
-                // A newly synced (or relisted) resource: its quotas can be computed now.
-                let now = Instant::now();
-                for quota in self.quotas_served_by(&key) {
-                    self.queue.add(quota, now);
-                }
-            }
-            WatchItem::Apply(ObjectEvent {
-                namespace,
-                name,
-                object,
-            }) => {
-                for (p, id, object) in self.targets(&key, &namespace, &name, object) {
-                    if !self.ensure_held(&key, kind, &p) {
-                        continue; // another namespace's object on a cluster-wide watch: dropped at ingest
-                    }
-                    match self.engine.apply(kind, &p, id, object, now()) {
-                        Applied::Replenish => self.replenish(&key, &p.namespace),
-                        Applied::Malformed(reason) => {
-                            warn!(watch = %key, %namespace, %name, %reason, "object could not be projected; left out of usage");
-                        }
-                        Applied::Stored | Applied::NotHeld => {}
-                    }
-                }
-            }
-            WatchItem::Delete(ObjectEvent {
-                namespace,
-                name,
-                object,
-            }) => {
-                for (p, id, _) in self.targets(&key, &namespace, &name, object) {
-                    if self.engine.delete(kind, &p, id) == Applied::Replenish {
-                        self.replenish(&key, &p.namespace);
-                    }
-                }
-            }
-            WatchItem::Failed(reason, message) => {
-                self.metrics.watch_error(&key.resource_label(), reason);
-                let running = self.watches.get_mut(&key).expect("present");
-                let first_failure = running.failure.is_none() && !running.synced;
-                let new_reason = running.failure.as_ref().is_none_or(|(r, _)| *r != reason);
-                running.failure = Some((reason, message.clone()));
-                if new_reason {
-                    // Only the keys computed from this resource keep their previous values;
-                    // every other quota and key stays current.
-                    warn!(watch = %key, reason, error = %message, "watch failing; keys computed from it keep their previous values");
-                    let note = format!(
-                        "cannot watch {} ({reason}): {message}; keys computed from it keep their previous values",
-                        key.resource_label()
-                    );
-                    self.emit_for_resource(&key, EventType::Warning, "ResourceUnavailable", &note);
-                }
-                if first_failure {
-                    // Quotas held back for this watch's first list are written now.
-                    let now = Instant::now();
-                    for quota in self.quotas_served_by(&key) {
-                        self.queue.add(quota, now);
-                    }
-                }
-            }
-        }
-    }
-
-    /// The partitions an object of a watch goes to, each with the object's id there: its
-    /// namespace's and, while some kcp cluster-scoped quota demands every namespace, the
-    /// all-namespaces partition (where `<namespace>/<name>` identifies it). Held or not is the
-    /// caller's check.
-    fn targets(
-        &self,
-        key: &WatchKey,
-        namespace: &str,
-        name: &str,
-        object: Projected,
-    ) -> Vec<(PartitionKey, u64, Projected)> {
-        let everywhere = self
-            .watches
-            .get(key)
-            .is_some_and(|r| r.namespaces.contains(ALL_NAMESPACES));
-        if !everywhere {
-            return vec![(partition(key, namespace), object_id(name), object)];
-        }
-        let all = (
-            partition(key, ALL_NAMESPACES),
-            object_id(&format!("{namespace}/{name}")),
-        );
-        if self
-            .watches
-            .get(key)
-            .is_some_and(|r| r.namespaces.contains(namespace))
-        {
-            // Also demanded in its own namespace (a second quota there): kept twice, once per
-            // partition (8 bytes for a count, a second projection for a typed object).
-            vec![
-                (partition(key, namespace), object_id(name), object.clone()),
-                (all.0, all.1, object),
-            ]
-        } else {
-            vec![(all.0, all.1, object)]
-        }
-    }
-
-    /// The quotas whose keys are computed from the objects this watch fills.
-    fn quotas_served_by(&self, key: &WatchKey) -> Vec<QuotaKey> {
-        let Some(running) = self.watches.get(key) else {
-            return Vec::new();
-        };
-        self.engine
-            .index
-            .computing(&key.cluster, &key.resource)
-            .into_iter()
-            .filter(|q| {
-                running.hold_all
-                    || is_cluster_wide(&key.resource)
-                    || self
-                        .engine
-                        .index
-                        .get(q)
-                        .is_some_and(|e| running.namespaces.contains(e.demand_namespace()))
-            })
-            .collect()
-    }
-
-    /// A failing watch delivers again: clear its failure, say so in the log and on its quotas.
-    fn recovered(&mut self, key: &WatchKey) {
-        if let Some(running) = self.watches.get_mut(key) {
-            running.failure = None;
-        }
-        info!(watch = %key, "watch recovered");
-        let note = format!("{} is watched again; its keys are current", key.resource_label());
-        self.emit_for_resource(key, EventType::Normal, "ResourceAvailable", &note);
-    }
-
-    /// Records an Event on every quota whose keys are computed from the watch's resource in
-    /// the namespaces it serves.
-    fn emit_for_resource(&mut self, key: &WatchKey, type_: EventType, reason: &str, note: &str) {
-        for quota in self.quotas_served_by(key) {
-            self.emit(&quota, type_, reason, note);
-        }
     }
 
     /// Records an Event on a quota (published by the loop; dropped, with a log line, if too
@@ -1073,38 +795,6 @@ impl Controller {
         );
     }
 
-    /// Whether the object's partition is held; eager watches hold every namespace they see.
-    fn ensure_held(&mut self, key: &WatchKey, kind: StoreKind, p: &PartitionKey) -> bool {
-        if self.engine.holds(kind, p) {
-            return true;
-        }
-        let Some(running) = self.watches.get(key) else {
-            return false;
-        };
-        if !running.hold_all {
-            return false;
-        }
-        let relisting = running.relisting;
-        self.engine.hold(kind, p.clone());
-        if relisting {
-            self.engine.begin_relist(kind, p);
-        } else {
-            self.engine.finish_relist(kind, p);
-        }
-        true
-    }
-
-    fn replenish(&mut self, key: &WatchKey, namespace: &str) {
-        let now = Instant::now();
-        for quota in self
-            .engine
-            .index
-            .dirtied_by(&key.cluster, namespace, &key.resource)
-        {
-            self.queue.add(quota, now);
-        }
-    }
-
     // ---- computing and writing status ------------------------------------------------------
 
     fn start_syncs(&mut self) {
@@ -1118,6 +808,14 @@ impl Controller {
     }
 
     fn sync_quota(&mut self, key: QuotaKey, started: Instant) {
+        if !self.engine.resolver.knows(&key.cluster) {
+            // Before the first discovery no watch can run, so a status written now would lack
+            // every watched key, and quota admission refuses creates while a key of
+            // `status.hard` has no `used` ("status unknown"); KCM writes nothing before its
+            // informers sync either. The first discovery enqueues every quota.
+            self.queue.done(&key);
+            return;
+        }
         let Some(computed) = self.engine.compute(&key, now()) else {
             self.queue.done(&key);
             return;
@@ -1165,13 +863,10 @@ impl Controller {
     /// than [`FIRST_LIST_GRACE`] ago). Writing then would write a status that the list's end
     /// overwrites a moment later; upstream avoids that by waiting for all its informers.
     fn first_list_pending(&self, key: &QuotaKey, unsynced: &[GroupResource]) -> bool {
-        self.watches.iter().any(|(w, r)| {
-            w.cluster == key.cluster
-                && unsynced.contains(&w.resource)
-                && w.namespace.as_deref().is_none_or(|ns| ns == &*key.namespace)
-                && !r.synced
-                && r.failure.is_none()
-                && r.started.elapsed() < FIRST_LIST_GRACE
+        self.watches.first_lists_pending(key, unsynced).any(|id| {
+            self.handles
+                .get(&id)
+                .is_some_and(|h| h.started.elapsed() < FIRST_LIST_GRACE)
         })
     }
 
@@ -1404,14 +1099,6 @@ fn status_patch(state: &lazyquota_index::engine::QuotaState, decision: &StatusDe
         patch["metadata"] = serde_json::json!({ "resourceVersion": rv });
     }
     patch
-}
-
-fn partition(key: &WatchKey, namespace: &str) -> PartitionKey {
-    PartitionKey {
-        cluster: key.cluster.clone(),
-        resource: key.resource.clone(),
-        namespace: Arc::from(namespace),
-    }
 }
 
 fn report_spec_problems(key: &QuotaKey, problems: &[lazyquota_quota::SpecProblem]) {

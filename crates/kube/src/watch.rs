@@ -37,19 +37,10 @@ use tracing::warn;
 
 pub use lazyquota_index::planner::WatchKey;
 
-/// One object of a watch event.
-#[derive(Clone, Debug)]
-pub struct ObjectEvent {
-    /// Its namespace.
-    pub namespace: String,
-    /// Its name.
-    pub name: String,
-    /// What the store keeps of it.
-    pub object: Projected,
-}
+pub use lazyquota_index::watches::ObjectEvent;
 
 /// One event of a watch (a controller's own or its share of a kcp shared watch).
-pub type WatchItem = lazyquota_index::fanout::WatchItem<ObjectEvent>;
+pub type WatchItem = lazyquota_index::watches::Item;
 
 /// Per-watch options.
 #[derive(Clone, Copy, Debug)]

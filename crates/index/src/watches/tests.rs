@@ -1,0 +1,555 @@
+use std::collections::BTreeMap;
+
+use k8s_openapi::{
+    api::core::v1::{ResourceQuota, ResourceQuotaSpec},
+    apimachinery::pkg::api::resource::Quantity,
+};
+use lazyquota_quota::FeatureGates;
+use proptest::prelude::*;
+
+use super::*;
+
+fn quota(hard: &[&str]) -> ResourceQuota {
+    ResourceQuota {
+        spec: Some(ResourceQuotaSpec {
+            hard: Some(
+                hard.iter()
+                    .map(|k| ((*k).to_owned(), Quantity("100".into())))
+                    .collect::<BTreeMap<_, _>>(),
+            ),
+            ..ResourceQuotaSpec::default()
+        }),
+        ..ResourceQuota::default()
+    }
+}
+
+fn settings(mode: Mode, threshold: usize) -> PlanSettings {
+    PlanSettings {
+        mode,
+        namespace_watch_threshold: threshold,
+        gates: FeatureGates::default(),
+    }
+}
+
+fn ids() -> ObjectIds {
+    ObjectIds::new(std::hash::RandomState::new())
+}
+
+fn cluster() -> ClusterName {
+    ClusterName::new("c")
+}
+
+fn engine() -> Engine {
+    let mut engine = Engine::new(FeatureGates::default());
+    engine.discovered(
+        &cluster(),
+        vec![
+            ServedResource::core_for_tests("configmaps"),
+            ServedResource::core_for_tests("secrets"),
+        ],
+        &[],
+    );
+    engine
+}
+
+fn configmaps() -> GroupResource {
+    GroupResource::core("configmaps")
+}
+
+fn not_shared(_: &GroupResource) -> bool {
+    false
+}
+
+fn event(namespace: &str, name: &str) -> ObjectEvent {
+    ObjectEvent {
+        namespace: namespace.into(),
+        name: name.into(),
+        object: Projected::Meta,
+    }
+}
+
+fn used(engine: &Engine, namespace: &str, quota: &str, key: &str) -> Option<String> {
+    let computed = engine.compute(
+        &QuotaKey::new(&cluster(), namespace, quota),
+        Time::from_unix_nanos(0),
+    )?;
+    computed.decision.used.get(key).map(|q| q.0.clone())
+}
+
+fn started(actions: &[Action]) -> Vec<(u64, WatchKey)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Start { id, key, .. } => Some((*id, key.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The one watch `actions` start.
+fn only_start(actions: &[Action]) -> (u64, WatchKey) {
+    let mut started = started(actions);
+    assert_eq!(started.len(), 1, "one watch started: {actions:?}");
+    started.remove(0)
+}
+
+/// A quota, and (cluster, resource)'s watches brought to the plan.
+fn add_quota(
+    w: &mut Watches,
+    engine: &mut Engine,
+    namespace: &str,
+    name: &str,
+    hard: &[&str],
+) -> Vec<Action> {
+    let update = engine.apply_quota(QuotaKey::new(&cluster(), namespace, name), &quota(hard));
+    let mut out = Vec::new();
+    for change in update.changes {
+        w.sync(engine, &change.cluster, &change.resource, &not_shared, &mut out);
+    }
+    out
+}
+
+#[test]
+fn a_watch_lists_syncs_replenishes_and_stops_with_its_quota() {
+    let mut e = engine();
+    let mut w = Watches::new(settings(Mode::Lazy, 8), false, ids());
+    let out = add_quota(&mut w, &mut e, "a", "q", &["count/configmaps"]);
+    let (id, key) = only_start(&out);
+    assert_eq!(key.namespace.as_deref(), Some("a"));
+    let now = Time::from_unix_nanos(0);
+    let mut out = Vec::new();
+    w.on_item(&mut e, id, WatchItem::Init, now, &mut out);
+    w.on_item(&mut e, id, WatchItem::InitApply(event("a", "x")), now, &mut out);
+    w.on_item(&mut e, id, WatchItem::InitDone, now, &mut out);
+    let q = QuotaKey::new(&cluster(), "a", "q");
+    assert_eq!(
+        out,
+        vec![
+            Action::Listing(key.clone()),
+            Action::Synced(key.clone()),
+            Action::Enqueue(q.clone())
+        ]
+    );
+    assert_eq!(used(&e, "a", "q", "count/configmaps").as_deref(), Some("1"));
+    let mut out = Vec::new();
+    w.on_item(&mut e, id, WatchItem::Apply(event("a", "y")), now, &mut out);
+    assert_eq!(
+        out,
+        vec![Action::Enqueue(q.clone())],
+        "a new object replenishes its quota"
+    );
+    assert_eq!(used(&e, "a", "q", "count/configmaps").as_deref(), Some("2"));
+
+    let mut out = Vec::new();
+    for change in e.delete_quota(&q) {
+        w.sync(&mut e, &change.cluster, &change.resource, &not_shared, &mut out);
+    }
+    assert_eq!(out, vec![Action::Stop { id, key: key.clone() }]);
+    assert!(
+        !e.holds(StoreKind::Counts, &partition(&key, "a")),
+        "its partition is released"
+    );
+    let mut out = Vec::new();
+    w.on_item(&mut e, id, WatchItem::Apply(event("a", "z")), now, &mut out);
+    assert!(out.is_empty(), "a stopped watch's late items are ignored");
+}
+
+#[test]
+fn namespaces_joining_a_cluster_wide_watch_are_filled_a_few_at_a_time() {
+    let mut e = engine();
+    let mut w = Watches::new(settings(Mode::Lazy, 0), false, ids());
+    let out = add_quota(&mut w, &mut e, "ns0", "q", &["count/configmaps"]);
+    let (_, key) = only_start(&out);
+    assert_eq!(
+        key.namespace, None,
+        "threshold 0: cluster-wide from the first namespace"
+    );
+    let mut fills = Vec::new();
+    for i in 1..=MAX_FILLS + 3 {
+        for action in add_quota(&mut w, &mut e, &format!("ns{i}"), "q", &["count/configmaps"]) {
+            match action {
+                Action::Fill { namespace, .. } => fills.push(namespace),
+                other => panic!("only fills expected, got {other:?}"),
+            }
+        }
+    }
+    assert_eq!(fills.len(), MAX_FILLS, "at most {MAX_FILLS} lists at once");
+    // One fill returns: one queued fill starts.
+    let mut out = Vec::new();
+    let ns1 = fills.remove(0);
+    w.on_fill(
+        &mut e,
+        &key,
+        &ns1,
+        Ok(vec![("x".into(), Projected::Meta)]),
+        &not_shared,
+        &mut out,
+    );
+    assert_eq!(out.iter().filter(|a| matches!(a, Action::Fill { .. })).count(), 1);
+    // A failed fill restarts the watch: the exact, heavier path.
+    let mut out = Vec::new();
+    let ns2 = fills.remove(0);
+    w.on_fill(&mut e, &key, &ns2, Err("refused".into()), &not_shared, &mut out);
+    assert!(matches!(out[0], Action::FillFailed { .. }), "{out:?}");
+    assert!(out.iter().any(|a| matches!(a, Action::Stop { .. })));
+    assert_eq!(started(&out).len(), 1, "started again: {out:?}");
+}
+
+#[test]
+fn a_failing_watch_tells_its_quotas_and_recovers_on_its_next_event() {
+    let mut e = engine();
+    let mut w = Watches::new(settings(Mode::Lazy, 8), false, ids());
+    let out = add_quota(&mut w, &mut e, "a", "q", &["count/configmaps"]);
+    let (id, key) = only_start(&out);
+    let q = QuotaKey::new(&cluster(), "a", "q");
+    let now = Time::from_unix_nanos(0);
+    let mut out = Vec::new();
+    w.on_item(
+        &mut e,
+        id,
+        WatchItem::Failed("forbidden", "403".into()),
+        now,
+        &mut out,
+    );
+    assert!(
+        matches!(&out[0], Action::Event { quota, warning: true, reason: "ResourceUnavailable", .. } if quota == &q)
+    );
+    assert!(matches!(&out[1], Action::Failing { new_reason: true, .. }));
+    assert_eq!(
+        out[2],
+        Action::Enqueue(q.clone()),
+        "written now rather than held for the first list"
+    );
+    assert_eq!(
+        w.first_lists_pending(&q, &[configmaps()]).count(),
+        0,
+        "a failing watch holds nothing back"
+    );
+    let mut out = Vec::new();
+    w.on_item(
+        &mut e,
+        id,
+        WatchItem::Failed("forbidden", "403".into()),
+        now,
+        &mut out,
+    );
+    assert!(
+        matches!(
+            &out[..],
+            [Action::Failing {
+                new_reason: false,
+                ..
+            }]
+        ),
+        "told once per reason"
+    );
+    let mut out = Vec::new();
+    w.on_item(&mut e, id, WatchItem::Init, now, &mut out);
+    w.on_item(&mut e, id, WatchItem::InitDone, now, &mut out);
+    assert!(out.contains(&Action::Recovered(key.clone())));
+    assert!(out.iter().any(|a| matches!(
+        a,
+        Action::Event {
+            warning: false,
+            reason: "ResourceAvailable",
+            ..
+        }
+    )));
+}
+
+#[test]
+fn eager_watches_hold_every_namespace_they_see() {
+    let mut e = engine();
+    let mut w = Watches::new(settings(Mode::Eager, 8), false, ids());
+    let mut out = Vec::new();
+    w.sync(&mut e, &cluster(), &configmaps(), &not_shared, &mut out);
+    let (id, key) = only_start(&out);
+    let now = Time::from_unix_nanos(0);
+    let mut out = Vec::new();
+    w.on_item(&mut e, id, WatchItem::Init, now, &mut out);
+    w.on_item(&mut e, id, WatchItem::InitApply(event("b", "x")), now, &mut out);
+    w.on_item(&mut e, id, WatchItem::InitDone, now, &mut out);
+    assert!(e.holds(StoreKind::Counts, &partition(&key, "b")));
+    // A quota arriving later reads what the eager watch already holds.
+    add_quota(&mut w, &mut e, "b", "q", &["count/configmaps"]);
+    assert_eq!(used(&e, "b", "q", "count/configmaps").as_deref(), Some("1"));
+}
+
+// ---- the property ------------------------------------------------------------------------
+
+const NAMESPACES: [&str; 4] = ["n0", "n1", "n2", "n3"];
+const TYPES: [&str; 2] = ["configmaps", "secrets"];
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// A quota in a namespace on one type (or its count key removed: deleted).
+    Quota { ns: usize, ty: usize, on: bool },
+    /// An object created or deleted in the world (a watch delivers it if it runs).
+    Object {
+        ns: usize,
+        ty: usize,
+        name: usize,
+        on: bool,
+    },
+    /// Some running watch (picked by index) lists the world.
+    List(usize),
+    /// Some pending fill finishes, or fails.
+    Fill(usize, bool),
+    /// Some running watch fails.
+    Fail(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0..4usize, 0..2usize, any::<bool>()).prop_map(|(ns, ty, on)| Op::Quota { ns, ty, on }),
+        4 => (0..4usize, 0..2usize, 0..3usize, any::<bool>()).prop_map(|(ns, ty, name, on)| Op::Object { ns, ty, name, on }),
+        2 => (0..8usize).prop_map(Op::List),
+        2 => (0..8usize, any::<bool>()).prop_map(|(i, ok)| Op::Fill(i, ok)),
+        1 => (0..8usize).prop_map(Op::Fail),
+    ]
+}
+
+/// The controller's IO, modelled: open watches, pending fills, and the world they read.
+struct Model {
+    engine: Engine,
+    watches: Watches,
+    /// (namespace, type) → object names.
+    world: BTreeMap<(usize, usize), BTreeSet<usize>>,
+    open: BTreeMap<u64, WatchKey>,
+    /// Open watches that have listed once (a watch delivers changes only after its list).
+    listed: BTreeSet<u64>,
+    fills: Vec<(WatchKey, Arc<str>)>,
+}
+
+impl Model {
+    fn carry_out(&mut self, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::Start { id, key, .. } => {
+                    assert!(self.open.insert(id, key).is_none(), "a watch id started twice");
+                }
+                Action::Stop { id, .. } => {
+                    assert!(
+                        self.open.remove(&id).is_some(),
+                        "stopped a watch that was not open"
+                    );
+                    self.listed.remove(&id);
+                }
+                Action::Fill { key, namespace, .. } => self.fills.push((key, namespace)),
+                _ => {}
+            }
+        }
+    }
+
+    fn objects(&self, key: &WatchKey, namespace: Option<&str>) -> Vec<ObjectEvent> {
+        let ty = TYPES
+            .iter()
+            .position(|t| *t == key.resource.resource)
+            .expect("a known type");
+        self.world
+            .iter()
+            .filter(|((ns, t), _)| *t == ty && namespace.is_none_or(|n| n == NAMESPACES[*ns]))
+            .flat_map(|((ns, _), names)| names.iter().map(|n| event(NAMESPACES[*ns], &format!("o{n}"))))
+            .collect()
+    }
+
+    fn list(&mut self, id: u64) {
+        let key = self.open[&id].clone();
+        let now = Time::from_unix_nanos(0);
+        let mut out = Vec::new();
+        self.watches
+            .on_item(&mut self.engine, id, WatchItem::Init, now, &mut out);
+        for object in self.objects(&key, key.namespace.as_deref()) {
+            self.watches
+                .on_item(&mut self.engine, id, WatchItem::InitApply(object), now, &mut out);
+        }
+        self.watches
+            .on_item(&mut self.engine, id, WatchItem::InitDone, now, &mut out);
+        self.listed.insert(id);
+        self.carry_out(out);
+    }
+
+    fn fill(&mut self, i: usize, ok: bool) {
+        let (key, namespace) = self.fills.remove(i);
+        let listed = if ok {
+            Ok(self
+                .objects(&key, Some(&namespace))
+                .into_iter()
+                .map(|o| (o.name, o.object))
+                .collect())
+        } else {
+            Err("refused".to_owned())
+        };
+        let mut out = Vec::new();
+        self.watches
+            .on_fill(&mut self.engine, &key, &namespace, listed, &not_shared, &mut out);
+        self.carry_out(out);
+    }
+
+    fn step(&mut self, op: &Op) {
+        let now = Time::from_unix_nanos(0);
+        match *op {
+            Op::Quota { ns, ty, on } => {
+                let key = QuotaKey::new(&cluster(), NAMESPACES[ns], TYPES[ty]);
+                let changes = if on {
+                    self.engine
+                        .apply_quota(key, &quota(&[&format!("count/{}", TYPES[ty])]))
+                        .changes
+                } else {
+                    self.engine.delete_quota(&key)
+                };
+                let mut out = Vec::new();
+                for change in changes {
+                    self.watches.sync(
+                        &mut self.engine,
+                        &change.cluster,
+                        &change.resource,
+                        &not_shared,
+                        &mut out,
+                    );
+                }
+                self.carry_out(out);
+            }
+            Op::Object { ns, ty, name, on } => {
+                let names = self.world.entry((ns, ty)).or_default();
+                let changed = if on {
+                    names.insert(name)
+                } else {
+                    names.remove(&name)
+                };
+                if !changed {
+                    return;
+                }
+                let object = event(NAMESPACES[ns], &format!("o{name}"));
+                let item = if on {
+                    WatchItem::Apply(object)
+                } else {
+                    WatchItem::Delete(object)
+                };
+                // Every open watch of the type that covers the namespace sees it.
+                let ids: Vec<u64> = self
+                    .open
+                    .iter()
+                    .filter(|(id, k)| {
+                        self.listed.contains(id)
+                            && k.resource.resource == TYPES[ty]
+                            && k.namespace.as_deref().is_none_or(|n| n == NAMESPACES[ns])
+                    })
+                    .map(|(id, _)| *id)
+                    .collect();
+                for id in ids {
+                    let mut out = Vec::new();
+                    self.watches
+                        .on_item(&mut self.engine, id, item.clone(), now, &mut out);
+                    self.carry_out(out);
+                }
+            }
+            Op::List(i) => {
+                if let Some(id) = self.open.keys().nth(i % self.open.len().max(1)).copied() {
+                    self.list(id);
+                }
+            }
+            Op::Fill(i, ok) => {
+                if !self.fills.is_empty() {
+                    self.fill(i % self.fills.len(), ok);
+                }
+            }
+            Op::Fail(i) => {
+                if let Some(id) = self.open.keys().nth(i % self.open.len().max(1)).copied() {
+                    let mut out = Vec::new();
+                    let item = WatchItem::Failed("test", "cut".into());
+                    self.watches.on_item(&mut self.engine, id, item, now, &mut out);
+                    self.carry_out(out);
+                }
+            }
+        }
+    }
+
+    /// The watch set is the plan, and the held partitions are what the watches fill.
+    fn check_plan(&self) -> Result<(), TestCaseError> {
+        let c = cluster();
+        for ty in TYPES {
+            let resource = GroupResource::core(ty);
+            let plan = planner::desired_watches(&self.engine, &self.watches.settings, &c, &resource);
+            let running: BTreeMap<WatchKey, BTreeSet<Arc<str>>> = self
+                .watches
+                .iter()
+                .filter(|(k, _)| k.resource == resource)
+                .map(|(k, r)| (k.clone(), r.namespaces.clone()))
+                .collect();
+            prop_assert_eq!(&running, &plan, "{} watches", ty);
+            let held: BTreeSet<Arc<str>> = self
+                .engine
+                .held_namespaces(StoreKind::Counts, &c, &resource)
+                .into_iter()
+                .map(|p| p.namespace)
+                .collect();
+            let filled: BTreeSet<Arc<str>> = plan.values().flatten().cloned().collect();
+            prop_assert_eq!(held, filled, "{} partitions held", ty);
+        }
+        let open: BTreeSet<u64> = self.open.keys().copied().collect();
+        let ids: BTreeSet<u64> = self.watches.iter().map(|(_, r)| r.id).collect();
+        prop_assert_eq!(open, ids, "the open watches are the running ones");
+        Ok(())
+    }
+
+    /// Everything lists and every fill completes.
+    fn settle(&mut self) {
+        for _ in 0..50 {
+            while !self.fills.is_empty() {
+                self.fill(0, true);
+            }
+            let unsynced: Vec<u64> = self
+                .watches
+                .iter()
+                .filter(|(_, r)| !r.synced)
+                .map(|(_, r)| r.id)
+                .collect();
+            if unsynced.is_empty() {
+                return;
+            }
+            for id in unsynced {
+                self.list(id);
+            }
+        }
+        panic!("did not settle");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Quotas coming and going across the namespace threshold, objects changing, lists,
+    /// fills (some failing) and watch failures in any order: after every step the watch set
+    /// is the planner's and holds exactly the partitions it fills; once every watch has
+    /// listed and every fill returned, each quota counts exactly its namespace's objects.
+    #[test]
+    fn the_watch_set_follows_the_plan_and_every_quota_ends_exact(
+        ops in proptest::collection::vec(op(), 0..60),
+        threshold in 0..3usize,
+        max_fills in 1..3usize,
+    ) {
+        let mut m = Model {
+            engine: engine(),
+            watches: Watches::new(settings(Mode::Lazy, threshold), false, ids()).with_max_fills(max_fills),
+            world: BTreeMap::new(),
+            open: BTreeMap::new(),
+            listed: BTreeSet::new(),
+            fills: Vec::new(),
+        };
+        for op in &ops {
+            m.step(op);
+            m.check_plan()?;
+        }
+        m.settle();
+        m.check_plan()?;
+        let quotas: Vec<QuotaKey> = m.engine.index.quotas().map(|(k, _)| k.clone()).collect();
+        for q in quotas {
+            let ty = TYPES.iter().position(|t| *t == &*q.name).expect("quotas are named by type");
+            let ns = NAMESPACES.iter().position(|n| *n == &*q.namespace).expect("known namespace");
+            let want = m.world.get(&(ns, ty)).map_or(0, BTreeSet::len).to_string();
+            let key = format!("count/{}", TYPES[ty]);
+            prop_assert_eq!(used(&m.engine, &q.namespace, &q.name, &key), Some(want), "{}", q);
+        }
+    }
+}
