@@ -807,6 +807,9 @@ async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
             ..report
         });
     }
+    if kcp {
+        report::mark_shared(&mut reports, cluster.kcp_shared_watch_threshold);
+    }
     if output == Output::Json {
         // One report per cluster, always a list.
         println!("{}", serde_json::to_string_pretty(&reports)?);
@@ -862,6 +865,9 @@ fn print_explain(report: &report::Explain) {
     for r in &report.resources {
         if let Some(reason) = &r.scope_reason {
             println!("{} {}: {reason}", r.scope, r.resource);
+        }
+        if let (Some(source), Some(reason)) = (r.source, &r.source_reason) {
+            println!("{source} watch {}: {reason}", r.resource);
         }
     }
     for r in report.resources.iter().filter(|r| r.pending.is_some()) {

@@ -338,3 +338,105 @@ fn bad_input_gives_one_clear_error_line_and_a_non_zero_exit() {
     let half = lazyquota(&["run", "--metrics-tls-cert-file", "/x"]);
     assert_one_line_error(&half, "--metrics-tls-key-file");
 }
+
+/// `lazyquota_active_watches{resource, scope}` in a /metrics text (0 when absent).
+fn active_watches(metrics: &str, resource: &str, scope: &str) -> usize {
+    let series = format!("lazyquota_active_watches{{resource=\"{resource}\",scope=\"{scope}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// `run` and `explain` given the same non-default flags plan the same watches: for each type
+/// this test's quotas demand, the scope `explain` gives (namespaced: one watch per demanding
+/// namespace; cluster-wide: one watch) is what the running binary reports in
+/// `lazyquota_active_watches`. Lazy mode with `--namespace-watch-threshold 1` (configmaps
+/// demanded in two namespaces: cluster-wide; secrets in one: namespaced), then eager mode
+/// (every type cluster-wide). Both answers come from one planner, so they cannot disagree.
+#[tokio::test]
+async fn run_and_explain_plan_the_same_watches_with_the_same_flags() {
+    let kubeconfig = kubeconfig();
+    let a = TestNamespace::create(Flavor::LazyquotaOnly, "agree-a")
+        .await
+        .expect("namespace");
+    let b = TestNamespace::create(Flavor::LazyquotaOnly, "agree-b")
+        .await
+        .expect("namespace");
+    let pp = PostParams::default();
+    a.api::<ResourceQuota>()
+        .create(
+            &pp,
+            &common::quota("q", &[("count/configmaps", "10"), ("count/secrets", "10")]),
+        )
+        .await
+        .expect("quota");
+    b.api::<ResourceQuota>()
+        .create(&pp, &common::quota("q", &[("count/configmaps", "10")]))
+        .await
+        .expect("quota");
+    let lazy: &[&str] = &["--namespace-watch-threshold", "1"];
+    let eager: &[&str] = &["--mode", "eager"];
+    for (flags, want) in [
+        (
+            lazy,
+            [
+                ("count/configmaps", "cluster-wide"),
+                ("count/secrets", "namespaced"),
+            ],
+        ),
+        (
+            eager,
+            [
+                ("count/configmaps", "cluster-wide"),
+                ("count/secrets", "cluster-wide"),
+            ],
+        ),
+    ] {
+        let process =
+            common::process::Lazyquota::start(Path::new(&kubeconfig), &[flags, &["--shadow"]].concat());
+        let last = std::cell::RefCell::new(String::new());
+        let agreed = lazyquota_testenv::eventually(std::time::Duration::from_secs(60), || {
+            let (process, kubeconfig, last) = (&process, &kubeconfig, &last);
+            async move {
+                let mut args = vec!["explain", "--kubeconfig", kubeconfig, "-o", "json"];
+                args.extend_from_slice(flags);
+                let out = lazyquota(&args);
+                let report: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+                let (_, metrics) = process.get("/metrics").await?;
+                let mut disagreements = Vec::new();
+                for (resource, scope) in want {
+                    let r = report[0]["resources"]
+                        .as_array()?
+                        .iter()
+                        .find(|r| r["resource"] == resource)?
+                        .clone();
+                    let label = resource.trim_start_matches("count/");
+                    let running = (
+                        active_watches(&metrics, label, "namespaced"),
+                        active_watches(&metrics, label, "cluster"),
+                    );
+                    let explained = match r["scope"].as_str()? {
+                        "cluster-wide" => (0, 1),
+                        "namespaced" => (r["namespaces"].as_array()?.len(), 0),
+                        _ => (0, 0),
+                    };
+                    if r["scope"] != scope || running != explained {
+                        disagreements.push(format!(
+                            "{resource}: explain {} over {} namespace(s) {explained:?}, run (namespaced, cluster) {running:?}",
+                            r["scope"],
+                            r["namespaces"].as_array()?.len()
+                        ));
+                    }
+                }
+                *last.borrow_mut() = disagreements.join("; ");
+                disagreements.is_empty().then_some(())
+            }
+        })
+        .await;
+        assert!(agreed.is_some(), "flags {flags:?}: {}", last.borrow());
+    }
+    a.delete().await.expect("delete namespace");
+    b.delete().await.expect("delete namespace");
+}

@@ -484,6 +484,26 @@ async fn logical_clusters_share_one_wildcard_watch_of_a_bound_type() {
         used_becomes(&quotas(c(1)), "q", &key, "2").await.is_some(),
         "c1 exact"
     );
+    // `explain` with the run's flag names the type shared in both clusters (it applies the
+    // hub's rule to the same demand); with a higher threshold, each cluster's own watch.
+    let sources = |threshold: &str| -> Vec<String> {
+        let out = lazyquota_cli(
+            shard,
+            &["explain", "-o", "json", "--kcp-shared-watch-threshold", threshold],
+        );
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let reports: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        reports
+            .as_array()
+            .expect("a list")
+            .iter()
+            .flat_map(|r| r["resources"].as_array().cloned().unwrap_or_default())
+            .filter(|r| r["resource"] == key.as_str())
+            .map(|r| r["source"].as_str().unwrap_or("none").to_owned())
+            .collect()
+    };
+    assert_eq!(sources("2"), ["shared", "shared"], "explain agrees with the run");
+    assert_eq!(sources("3"), ["own", "own"], "below a higher threshold");
     // c2 joins the running shared watch: it lists its own share and takes only newer events.
     quotas(c(2))
         .create(&pp, &quota("q", &[(&key, "10")]))

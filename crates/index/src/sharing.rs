@@ -37,14 +37,21 @@ impl Demand {
         });
     }
 
+    /// How many logical clusters demand `resource`.
+    pub fn clusters(&self, resource: &GroupResource) -> usize {
+        self.demanding
+            .get(resource)
+            .map_or(0, |set| set.iter().map(|(c, _)| c).collect::<BTreeSet<_>>().len())
+    }
+
     /// The resources to share: those at least `threshold` clusters demand, and those already
     /// shared that still have `threshold - threshold / 4` (hysteresis).
     pub fn shared(&self, threshold: usize, now: &BTreeSet<GroupResource>) -> BTreeSet<GroupResource> {
         let low = (threshold - threshold / 4).max(1);
         self.demanding
             .iter()
-            .filter(|(resource, set)| {
-                let clusters = set.iter().map(|(c, _)| c).collect::<BTreeSet<_>>().len();
+            .filter(|(resource, _)| {
+                let clusters = self.clusters(resource);
                 clusters >= threshold || (now.contains(*resource) && clusters >= low)
             })
             .map(|(r, _)| r.clone())

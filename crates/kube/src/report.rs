@@ -5,7 +5,7 @@
 //! - [`explain`]: which resource types lazyquota watches, in which scope, for which quotas and
 //!   keys; which names are pending and why; which keys are never computed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use futures::future::try_join_all;
 use k8s_openapi::api::core::v1::ResourceQuota;
@@ -16,6 +16,7 @@ use lazyquota_index::{
     keys::{ALL_NAMESPACES, ClusterName, GroupResource, Need, QuotaKey},
     planner::{self, PlanSettings},
     resolver::ServedResource,
+    sharing::Demand,
     store::PartitionKey,
 };
 use lazyquota_quota::{FeatureGates, Interner};
@@ -173,6 +174,19 @@ pub struct WatchedResource {
     pub quotas: Vec<String>,
     /// Why it is not watched, when it is pending.
     pub pending: Option<String>,
+    /// kcp, for a type watched for counts: `shared` (the shard's one wildcard watch serves it)
+    /// or `own` (a watch of this logical cluster's own). Set by [`mark_shared`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<&'static str>,
+    /// Why that source: how many logical clusters of the shard watch it for counts, against
+    /// `--kcp-shared-watch-threshold`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_reason: Option<String>,
+    /// The type itself, and whether its planned watches count only (the hub's demand).
+    #[serde(skip)]
+    group_resource: GroupResource,
+    #[serde(skip)]
+    counted: bool,
 }
 
 /// The explain report.
@@ -259,6 +273,10 @@ pub async fn explain(
             namespaces: why.demand.keys().map(ToString::to_string).collect(),
             quotas: demanding,
             pending,
+            source: None,
+            source_reason: None,
+            counted: why.watches.iter().any(|w| w.need == Need::Count),
+            group_resource: resource,
         });
     }
     let mut never_computed = Vec::new();
@@ -289,6 +307,51 @@ pub async fn explain(
         release: format!("1.{}", gates.minor),
         gates: gates.describe(),
     })
+}
+
+/// kcp: which of the shard's types one shared wildcard watch would serve, from every engaged
+/// logical cluster's count demand (`reports`: one per logical cluster with a quota) — the rule
+/// of the hub a `lazyquota run` with the same `threshold` applies ([`Demand::shared`]; 0: never
+/// shared). Marks each counted type `shared` or `own`, with the reason. Computed from scratch:
+/// a running lazyquota that already shares a type keeps sharing it down to
+/// `threshold - threshold / 4` clusters, which the reason says.
+pub fn mark_shared(reports: &mut [Explain], threshold: usize) {
+    let mut demand = Demand::default();
+    for report in reports.iter() {
+        let cluster = ClusterName::new(&report.cluster);
+        for r in report.resources.iter().filter(|r| r.counted) {
+            demand.set(&(cluster.clone(), 0), &r.group_resource, true);
+        }
+    }
+    let shared = if threshold == 0 {
+        BTreeSet::new()
+    } else {
+        demand.shared(threshold, &BTreeSet::new())
+    };
+    for report in reports.iter_mut() {
+        for r in report.resources.iter_mut().filter(|r| r.counted) {
+            let clusters = demand.clusters(&r.group_resource);
+            let is_shared = shared.contains(&r.group_resource);
+            r.source = Some(if is_shared { "shared" } else { "own" });
+            r.source_reason = Some(if threshold == 0 {
+                "--kcp-shared-watch-threshold 0: nothing is shared".to_owned()
+            } else if is_shared {
+                format!(
+                    "{clusters} logical clusters of the shard watch it for counts, at least --kcp-shared-watch-threshold {threshold}"
+                )
+            } else {
+                let low = (threshold - threshold / 4).max(1);
+                let keep = if clusters >= low {
+                    format!(" (a running lazyquota already sharing it keeps sharing down to {low})")
+                } else {
+                    String::new()
+                };
+                format!(
+                    "{clusters} logical cluster(s) of the shard watch it for counts, below --kcp-shared-watch-threshold {threshold}{keep}"
+                )
+            });
+        }
+    }
 }
 
 async fn load(
