@@ -852,23 +852,11 @@ fn rss(pid: u32, field: &str) -> f64 {
         .map_or(f64::NAN, |kib| kib * 1024.0)
 }
 
-/// Established TCP connections from `pid` to the apiserver's port (`ss`).
+/// Established TCP connections from `pid` to `port`.
 fn connections(pid: u32, port: &str) -> f64 {
-    let out = Command::new("ss")
-        .args(["-tnpH", "state", "established"])
-        .output()
-        .expect("ss");
-    let needle = format!("pid={pid},");
-    let port = format!(":{port}");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| {
-            l.contains(&needle)
-                && l.split_whitespace()
-                    .nth(3)
-                    .is_some_and(|peer| peer.ends_with(&port))
-        })
-        .count() as f64
+    port.parse().map_or(f64::NAN, |port| {
+        lazyquota_testenv::established_connections(pid, port) as f64
+    })
 }
 
 /// Open watches the apiserver counts (all clients).

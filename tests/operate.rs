@@ -638,24 +638,6 @@ async fn metrics_behind_delegated_authentication_and_authorization() {
     ns.delete().await.expect("delete namespace");
 }
 
-/// Established TCP connections from process `pid` to `port` on loopback (`ss`).
-fn connections_to(pid: u32, port: u16) -> usize {
-    let out = Command::new("ss")
-        .args(["-tnpH", "state", "established"])
-        .output()
-        .expect("ss (iproute2)");
-    let (needle, port) = (format!("pid={pid},"), format!(":{port}"));
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| {
-            l.contains(&needle)
-                && l.split_whitespace()
-                    .nth(3)
-                    .is_some_and(|peer| peer.ends_with(&port))
-        })
-        .count()
-}
-
 /// HTTP/2 is the default, and a connection carries at most `--http2-streams-per-connection`
 /// streams: with 2, the quota, CRD and APIService watches and the watches of the five types a
 /// quota constrains spread over at least four connections to the apiserver, and status writes
@@ -725,14 +707,14 @@ async fn http2_streams_spread_over_connections_at_the_per_connection_limit() {
                 panic!("a status write went through with {per_connection} streams per connection")
             });
         let seen = eventually(WAIT, || async {
-            let n = connections_to(pid, port);
+            let n = lazyquota_testenv::established_connections(pid, port);
             want.contains(&n).then_some(n)
         })
         .await;
         assert!(
             seen.is_some(),
             "{per_connection} streams per connection: {} connections to the apiserver, want {want:?}",
-            connections_to(pid, port)
+            lazyquota_testenv::established_connections(pid, port)
         );
         drop(process);
     }

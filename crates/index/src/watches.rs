@@ -238,13 +238,7 @@ impl Watches {
         out: &mut Vec<Action>,
     ) {
         let desired = planner::desired_watches(engine, &self.settings, cluster, resource);
-        let current: Vec<WatchKey> = self
-            .running
-            .keys()
-            .filter(|k| &k.cluster == cluster && &k.resource == resource)
-            .cloned()
-            .collect();
-        for key in current {
+        for key in self.keys_of(cluster, resource) {
             let Some(namespaces) = desired.get(&key) else {
                 self.stop(engine, &key, out);
                 continue;
@@ -386,23 +380,18 @@ impl Watches {
         resource: &GroupResource,
         out: &mut Vec<Action>,
     ) {
-        let keys: Vec<WatchKey> = self
-            .running
-            .keys()
-            .filter(|k| &k.cluster == cluster && &k.resource == resource)
-            .cloned()
-            .collect();
-        for key in keys {
+        for key in self.keys_of(cluster, resource) {
             self.stop(engine, &key, out);
         }
     }
 
-    /// Stops every watch (shutdown).
-    pub fn stop_everything(&mut self, engine: &mut Engine, out: &mut Vec<Action>) {
-        let keys: Vec<WatchKey> = self.running.keys().cloned().collect();
-        for key in keys {
-            self.stop(engine, &key, out);
-        }
+    /// The open watches of (cluster, resource).
+    fn keys_of(&self, cluster: &ClusterName, resource: &GroupResource) -> Vec<WatchKey> {
+        self.running
+            .keys()
+            .filter(|k| &k.cluster == cluster && &k.resource == resource)
+            .cloned()
+            .collect()
     }
 
     /// The kcp hub's shared set changed: count watches whose source no longer matches

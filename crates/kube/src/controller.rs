@@ -319,6 +319,7 @@ impl Controller {
         // After a CRD or APIService change, discovery runs again a few times: a new CRD is
         // served a moment after its object appears.
         let mut discovery_retries: Vec<tokio::time::Instant> = Vec::new();
+        let mut first_discovery_failures = 0_u32;
         let mut shared_changes = self.hub.as_ref().map(crate::hub::Hub::changes);
         let resync = (!self.config.resync_period.is_zero()).then_some(self.config.resync_period);
         let mut next_resync = resync.map(|p| tokio::time::Instant::now() + p);
@@ -349,7 +350,17 @@ impl Controller {
                 }
                 Some(result) = futures::future::OptionFuture::from(discovery.as_mut()), if discovery.is_some() => {
                     discovery = None;
+                    let failed = result.is_err();
                     self.on_discovery(result);
+                    // Until a first discovery succeeds no status is written: retry it soon
+                    // (1 s doubling, at most the poll period), not only at the next poll.
+                    first_discovery_failures = if failed && !self.engine.resolver.knows(&self.config.cluster) {
+                        let wait = lazyquota_index::fanout::doubling(Duration::from_secs(1), first_discovery_failures + 1, self.config.discovery_poll);
+                        discovery_retries.push(tokio::time::Instant::now() + wait);
+                        first_discovery_failures + 1
+                    } else {
+                        0
+                    };
                 }
                 () = tokio::time::sleep_until(next_discovery), if discovery.is_none() => {
                     next_discovery = tokio::time::Instant::now() + self.config.discovery_poll;

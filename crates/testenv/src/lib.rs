@@ -706,3 +706,26 @@ where
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Established TCP connections from process `pid` to a peer on `port` (`ss` from iproute2),
+/// for tests and benchmarks that count a controller's connections to a server.
+///
+/// # Panics
+///
+/// If `ss` cannot be run.
+pub fn established_connections(pid: u32, port: u16) -> usize {
+    let out = std::process::Command::new("ss")
+        .args(["-tnpH", "state", "established"])
+        .output()
+        .expect("ss (iproute2)");
+    let (needle, port) = (format!("pid={pid},"), format!(":{port}"));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| {
+            l.contains(&needle)
+                && l.split_whitespace()
+                    .nth(3)
+                    .is_some_and(|peer| peer.ends_with(&port))
+        })
+        .count()
+}
