@@ -38,9 +38,12 @@ use k8s_openapi::{
 };
 use lazyquota_index::{
     engine::{Engine, Projected, StoreKind, same_value, store_kind},
+    fanout::{Fanout, Sink, WatchItem},
     keys::{ClusterName, GroupResource, ObjectIds, QuotaKey},
+    planner::{Mode, PlanSettings},
     resolver::ServedResource,
     store::PartitionKey,
+    watches::Watches,
 };
 use lazyquota_quota::{ClaimProjection, FeatureGates, Interner, PodProjection, Time};
 use serde_json::json;
@@ -469,6 +472,70 @@ fn measure_counts(cfg: &Config, cluster: &ClusterName) -> Measured {
     }
 }
 
+// ---- watch bookkeeping ----------------------------------------------------------------------
+
+/// Open watches (one per namespace, each with its quota) and kcp fan-out subscribers measured.
+const WATCHES: usize = 1_000;
+
+/// Heap per open watch (the watch set's entry and the empty partition it holds) and per
+/// fan-out subscriber (its cluster name and sink; none buffered).
+struct Bookkeeping {
+    per_watch: usize,
+    per_subscriber: usize,
+}
+
+/// A sink that drops what it is sent (a subscriber's channel is not the fan-out's cost).
+struct Dropped;
+
+impl Sink for Dropped {
+    type Object = ();
+    fn send(&mut self, _item: WatchItem<()>) {}
+    fn unread(&self) -> usize {
+        0
+    }
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+fn measure_bookkeeping(cluster: &ClusterName) -> Bookkeeping {
+    let widgets = GroupResource::new("example.io", "widgets");
+    let mut engine = Engine::new(FeatureGates::default());
+    engine.discovered(cluster, vec![served(widgets.clone(), "Widget")], &[]);
+    for n in 0..WATCHES {
+        let ns = namespace(n);
+        engine.apply_quota(
+            QuotaKey::new(cluster, &ns, "q"),
+            &quota(&ns, "q", &[(WIDGETS_COUNT_KEY, "5")]),
+        );
+    }
+    let settings = PlanSettings {
+        mode: Mode::Lazy,
+        namespace_watch_threshold: usize::MAX,
+        gates: FeatureGates::default(),
+    };
+    let profiler = dhat::Profiler::builder().testing().build();
+    let mut watches = Watches::new(settings, false, ObjectIds::default());
+    let mut out = Vec::new();
+    let before = HeapStats::get();
+    watches.sync(&mut engine, cluster, &widgets, &|_| false, &mut out);
+    out.clear();
+    out.shrink_to_fit();
+    let after = HeapStats::get();
+    assert_eq!(watches.iter().count(), WATCHES, "one watch per namespace");
+    let mut fanout = Fanout::new(16_384);
+    let subscribed = HeapStats::get();
+    for n in 0..WATCHES {
+        let _ = fanout.subscribe(ClusterName::new(&format!("2x7c{n:012}")), None, Dropped);
+    }
+    let all = HeapStats::get();
+    drop(profiler);
+    Bookkeeping {
+        per_watch: after.curr_bytes.saturating_sub(before.curr_bytes) / WATCHES,
+        per_subscriber: all.curr_bytes.saturating_sub(subscribed.curr_bytes) / WATCHES,
+    }
+}
+
 // ---- reporting ----------------------------------------------------------------------------
 
 #[allow(clippy::cast_precision_loss)] // display only
@@ -645,7 +712,20 @@ fn main() {
     let pods = measure_pods(&cfg, &cluster);
     let claims = measure_claims(&cfg, &cluster);
     let counts = measure_counts(&cfg, &cluster);
-    let table = report(&cfg, &pods, &claims, &counts);
+    let bookkeeping = measure_bookkeeping(&cluster);
+    let mut table = report(&cfg, &pods, &claims, &counts);
+    let _ = writeln!(
+        table,
+        "\n## Watch bookkeeping\n\n\
+         | | bytes |\n| --- | ---: |\n\
+         | per open watch (`watches::Watches` entry and id, the empty partition it holds), {WATCHES} namespaced watches | {} |\n\
+         | per kcp fan-out subscriber (`fanout::Fanout`: cluster name, phase, a zero-sized sink), {WATCHES} subscribers | {} |\n\n\
+         - The watches: {WATCHES} quotas of `{WIDGETS_COUNT_KEY}`, one per namespace, planned with a namespace \
+         threshold above {WATCHES} (one watch each); growth of one `Watches::sync`. The quotas' own cost \
+         is not included (see the index). A real subscriber's channel and a joining one's buffer are \
+         not included either.",
+        bookkeeping.per_watch, bookkeeping.per_subscriber,
+    );
     println!("{table}");
     if cfg.bench {
         let path = results_path(&cfg);
