@@ -25,7 +25,7 @@
 
 use std::time::Duration;
 
-use crate::keys::ClusterName;
+use crate::{keys::ClusterName, queue::doubling};
 
 /// One item of a watch stream as lazyquota's controllers take it, whether from a watch of
 /// their own or from a share of a shared one.
@@ -85,16 +85,6 @@ pub struct Join {
     pub after: Duration,
     /// Lists of this share that failed in a row before this one.
     pub failures: u32,
-}
-
-/// `first` after the first failure, twice as long after each further one, at most `max`;
-/// nothing before any failure (the hub's join lists and kcp's controller restarts).
-#[must_use]
-pub fn doubling(first: Duration, failures: u32, max: Duration) -> Duration {
-    match failures {
-        0 => Duration::ZERO,
-        n => first.saturating_mul(1 << (n - 1).min(16)).min(max),
-    }
 }
 
 enum Phase<O> {

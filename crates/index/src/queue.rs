@@ -148,6 +148,17 @@ pub fn backoff(failures: u32) -> Duration {
     Duration::from_millis(millis).min(MAX_DELAY)
 }
 
+/// `first` after the first failure, twice as long after each further one, at most `max`;
+/// nothing before any failure: the backoff of the kcp hub's join lists, kcp's controller
+/// restarts and a failing first discovery.
+#[must_use]
+pub fn doubling(first: Duration, failures: u32, max: Duration) -> Duration {
+    match failures {
+        0 => Duration::ZERO,
+        n => first.saturating_mul(1 << (n - 1).min(16)).min(max),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

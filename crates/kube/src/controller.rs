@@ -355,7 +355,7 @@ impl Controller {
                     // Until a first discovery succeeds no status is written: retry it soon
                     // (1 s doubling, at most the poll period), not only at the next poll.
                     first_discovery_failures = if failed && !self.engine.resolver.knows(&self.config.cluster) {
-                        let wait = lazyquota_index::fanout::doubling(Duration::from_secs(1), first_discovery_failures + 1, self.config.discovery_poll);
+                        let wait = lazyquota_index::queue::doubling(Duration::from_secs(1), first_discovery_failures + 1, self.config.discovery_poll);
                         discovery_retries.push(tokio::time::Instant::now() + wait);
                         first_discovery_failures + 1
                     } else {
@@ -618,8 +618,7 @@ impl Controller {
     }
 
     fn sync_watches(&mut self, cluster: &ClusterName, resource: &GroupResource) {
-        let hub = &self.hub;
-        let shared = |r: &GroupResource| hub.as_ref().is_some_and(|h| h.is_shared(r));
+        let shared = shared_by(self.hub.as_ref());
         let mut out = Vec::new();
         self.watches
             .sync(&mut self.engine, cluster, resource, &shared, &mut out);
@@ -629,8 +628,7 @@ impl Controller {
     /// The hub's shared set changed: watches whose source no longer matches restart from the
     /// other one.
     fn on_shared_changed(&mut self) {
-        let hub = &self.hub;
-        let shared = |r: &GroupResource| hub.as_ref().is_some_and(|h| h.is_shared(r));
+        let shared = shared_by(self.hub.as_ref());
         let mut out = Vec::new();
         self.watches
             .on_shared_changed(&mut self.engine, &shared, &mut out);
@@ -652,8 +650,7 @@ impl Controller {
         namespace: &Arc<str>,
         listed: kube::Result<Vec<(String, Projected)>>,
     ) {
-        let hub = &self.hub;
-        let shared = |r: &GroupResource| hub.as_ref().is_some_and(|h| h.is_shared(r));
+        let shared = shared_by(self.hub.as_ref());
         let mut out = Vec::new();
         let listed = listed.map_err(|e| e.to_string());
         self.watches
@@ -1110,6 +1107,12 @@ fn status_patch(state: &lazyquota_index::engine::QuotaState, decision: &StatusDe
         patch["metadata"] = serde_json::json!({ "resourceVersion": rv });
     }
     patch
+}
+
+/// Whether the kcp hub (if any) serves a type from its shared watch now: the watch set's view
+/// of the hub.
+fn shared_by(hub: Option<&crate::hub::Hub>) -> impl Fn(&GroupResource) -> bool + Copy + '_ {
+    move |r| hub.is_some_and(|h| h.is_shared(r))
 }
 
 fn report_spec_problems(key: &QuotaKey, problems: &[lazyquota_quota::SpecProblem]) {

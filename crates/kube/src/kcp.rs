@@ -141,7 +141,7 @@ impl Restarts {
             Some((n, _)) if ran < Self::MAX => n.saturating_add(1),
             _ => 1,
         };
-        let wait = lazyquota_index::fanout::doubling(Self::FIRST, failures, Self::MAX);
+        let wait = lazyquota_index::queue::doubling(Self::FIRST, failures, Self::MAX);
         self.waiting.insert(cluster.clone(), (failures, now + wait));
         wait
     }
