@@ -28,7 +28,9 @@ async fn eager_mode_watches_every_quotable_type() {
     create_crd(&client, &group, "sprockets").await;
 
     let expected = eventually(Duration::from_secs(60), || async {
-        let discovered = discover(&client).await.ok()?;
+        let discovered = discover(&client, &lazyquota_kube::route::Route::direct())
+            .await
+            .ok()?;
         let quotable: Vec<String> = discovered
             .served
             .iter()

@@ -360,6 +360,14 @@ impl Engine {
         changes
     }
 
+    /// Forgets what discovery found in `cluster` (a kcp logical cluster no longer served):
+    /// nothing resolves there until it is discovered again, so no watch is planned and no
+    /// status written. Its quotas stay (the quota watch keeps them current).
+    pub fn forget_cluster(&mut self, cluster: &ClusterName) {
+        self.resolver.remove_cluster(cluster);
+        self.registries.remove(cluster);
+    }
+
     // ---- partitions ------------------------------------------------------------------------
 
     /// Starts holding a partition (empty, unsynced).

@@ -19,6 +19,7 @@
 //! - [`membership`], [`sharing`], [`fanout`]: kcp's shard-level decisions.
 
 pub mod demand;
+pub mod discoveries;
 pub mod engine;
 pub mod fanout;
 pub mod keys;

@@ -37,6 +37,14 @@ impl Demand {
         });
     }
 
+    /// Removes every demand of `engagement`, whatever the cluster (an engine that ended).
+    pub fn withdraw_engagement(&mut self, engagement: u64) {
+        self.demanding.retain(|_, set| {
+            set.retain(|(_, e)| *e != engagement);
+            !set.is_empty()
+        });
+    }
+
     /// How many logical clusters demand `resource`.
     pub fn clusters(&self, resource: &GroupResource) -> usize {
         self.demanding
@@ -113,5 +121,20 @@ mod tests {
             "one cluster counts once: 2 clusters"
         );
         assert_eq!(d.shared(2, &none), [widgets].into());
+    }
+
+    #[test]
+    fn an_ended_engine_takes_all_its_demand_with_it_and_nothing_else() {
+        let widgets = GroupResource::new("example.io", "widgets");
+        let pods = GroupResource::core("pods");
+        let mut d = Demand::default();
+        let none = BTreeSet::new();
+        d.set(&c("a", 1), &widgets, true);
+        d.set(&c("b", 1), &pods, true);
+        d.set(&c("a", 2), &pods, true);
+        d.withdraw_engagement(1);
+        assert_eq!(d.shared(1, &none), [pods.clone()].into(), "engagement 2 stays");
+        assert_eq!(d.clusters(&pods), 1);
+        assert_eq!(d.clusters(&widgets), 0);
     }
 }

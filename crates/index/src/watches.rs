@@ -386,6 +386,28 @@ impl Watches {
         }
     }
 
+    /// Stops serving `cluster` (a kcp logical cluster disengaged): forgets its discovery in
+    /// the engine and stops every watch of it, telling the hub its demand is gone.
+    pub fn forget_cluster(
+        &mut self,
+        engine: &mut Engine,
+        cluster: &ClusterName,
+        shared: &dyn Fn(&GroupResource) -> bool,
+        out: &mut Vec<Action>,
+    ) {
+        engine.forget_cluster(cluster);
+        let resources: BTreeSet<GroupResource> = self
+            .running
+            .keys()
+            .filter(|k| &k.cluster == cluster)
+            .map(|k| k.resource.clone())
+            .collect();
+        // Nothing resolves now: the planner wants no watch, so each sync stops them all.
+        for resource in resources {
+            self.sync(engine, cluster, &resource, shared, out);
+        }
+    }
+
     /// The open watches of (cluster, resource).
     fn keys_of(&self, cluster: &ClusterName, resource: &GroupResource) -> Vec<WatchKey> {
         self.running

@@ -30,22 +30,20 @@ use futures::{
     stream::{AbortHandle, BoxStream, FuturesUnordered, SelectAll},
 };
 use k8s_openapi::{
-    api::core::v1::{ObjectReference, ResourceQuota},
+    api::core::v1::ResourceQuota,
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     kube_aggregator::pkg::apis::apiregistration::v1::APIService,
 };
 use kube::{
-    Api, Client, ResourceExt as _,
-    api::{PartialObjectMeta, Patch, PatchParams},
-    runtime::{
-        WatchStreamExt as _,
-        events::{Event, EventType, Recorder, Reporter},
-        watcher,
-    },
+    Client, ResourceExt as _,
+    api::{DynamicObject, PartialObjectMeta, Patch, PatchParams},
+    runtime::{WatchStreamExt as _, events::EventType, watcher},
 };
 use lazyquota_index::{
+    discoveries::Discoveries,
     engine::{Engine, Projected, same_value},
     keys::{ClusterName, GroupResource, QuotaKey},
+    membership::Membership,
     planner::{self, PlanSettings},
     policy::DemandChange,
     queue::WorkQueue,
@@ -59,9 +57,12 @@ use tracing::{debug, info, warn};
 pub use crate::snapshot::{QuotaKeyUsage, Snapshot, SnapshotHandle, WatchInfo};
 use crate::{
     discovery::{Discovered, discover},
+    events::Recorder,
+    members::{self, Member},
     metrics::Metrics,
     now,
-    watch::{WatchItem, WatchKey, WatchOptions},
+    route::{Route, Routed},
+    watch::{WatchItem, WatchKey, WatchOptions, routed_api},
 };
 
 pub use lazyquota_index::planner::Mode;
@@ -203,10 +204,23 @@ struct Handle {
 
 type WriteResult = (QuotaKey, Instant, Result<ResourceQuota, kube::Error>);
 type FillResult = (WatchKey, Arc<str>, kube::Result<Vec<(String, Projected)>>);
+type DiscoveryResult = (ClusterName, Result<Discovered, kube::Error>);
+
+/// Discoveries run at once, at most (a kcp shard engaging many logical clusters at start).
+const MAX_DISCOVERIES: usize = 4;
 
 /// The controller.
 pub struct Controller {
+    /// The cluster's client; on kcp, the shard's root, every request routed ([`Route`]).
     client: Client,
+    /// kcp: which logical clusters of the shard to serve (`None`: the one cluster of `client`).
+    shard: Option<Membership>,
+    /// The clusters served now.
+    members: BTreeMap<ClusterName, Member>,
+    /// When each served cluster's discovery runs.
+    discoveries: Discoveries,
+    /// Discoveries running (at most [`MAX_DISCOVERIES`]).
+    discovering: FuturesUnordered<BoxFuture<'static, DiscoveryResult>>,
     config: Config,
     options: WatchOptions,
     interner: Arc<Interner>,
@@ -230,10 +244,6 @@ pub struct Controller {
     /// Events being published (polled by the loop; at most [`MAX_PENDING_EVENTS`]).
     events: FuturesUnordered<BoxFuture<'static, ()>>,
     requests: mpsc::Receiver<oneshot::Sender<Snapshot>>,
-    /// API groups the last discovery found unavailable (an APIService that does not answer).
-    unavailable_groups: BTreeSet<String>,
-    /// (quota, resource) pairs already told, by an Event, that their API group is unavailable.
-    told_unavailable: BTreeSet<(QuotaKey, GroupResource)>,
     /// kcp: the shard's shared wildcard watches.
     hub: Option<crate::hub::Hub>,
 }
@@ -242,19 +252,41 @@ impl Controller {
     /// A controller for `client`'s cluster, counting into `metrics`, and the handle to ask
     /// it for snapshots.
     pub fn new(client: Client, config: Config, metrics: Metrics) -> (Self, SnapshotHandle) {
+        let member = Member {
+            workspace: config.workspace.clone(),
+            ..Member::default()
+        };
+        let cluster = config.cluster.clone();
+        let (mut controller, handle) = Self::build(client, config, metrics, None);
+        controller.members.insert(cluster.clone(), member);
+        controller.discoveries.add(cluster, Instant::now());
+        (controller, handle)
+    }
+
+    /// One controller for every logical cluster of the kcp shard whose root `root` points at
+    /// that has a ResourceQuota (engaged and let go as quotas and LogicalClusters come and go).
+    pub fn for_shard(root: Client, config: Config, metrics: Metrics) -> (Self, SnapshotHandle) {
+        let config = Config { kcp: true, ..config };
+        Self::build(root, config, metrics, Some(Membership::default()))
+    }
+
+    fn build(
+        client: Client,
+        config: Config,
+        metrics: Metrics,
+        shard: Option<Membership>,
+    ) -> (Self, SnapshotHandle) {
         let (tx, requests) = mpsc::channel(16);
         let options = WatchOptions {
             streaming_lists: config.streaming_lists.unwrap_or(false),
             gates: config.gates,
         };
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "lazyquota".into(),
-                instance: Some(config.instance.clone()),
-            },
-        );
+        let recorder = Recorder::new(client.clone(), config.instance.clone(), shard.is_some());
         let controller = Self {
+            discoveries: Discoveries::new(config.discovery_poll, MAX_DISCOVERIES),
+            discovering: FuturesUnordered::new(),
+            members: BTreeMap::new(),
+            shard,
             recorder,
             fills: FuturesUnordered::new(),
             events: FuturesUnordered::new(),
@@ -276,8 +308,6 @@ impl Controller {
             metrics,
             requests,
             config,
-            unavailable_groups: BTreeSet::new(),
-            told_unavailable: BTreeSet::new(),
             hub: None,
         };
         (controller, SnapshotHandle::new(tx))
@@ -299,27 +329,31 @@ impl Controller {
     /// Runs until `shutdown` completes; then stops all watches and waits (at most 10 s) for
     /// the status writes in flight.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
-        if self.config.streaming_lists.is_none() {
+        if self.config.streaming_lists.is_none() && self.shard.is_none() {
             self.options.streaming_lists = crate::watch::probe_streaming_lists(&self.client).await;
         }
         self.stats.streaming_lists = self.options.streaming_lists;
         self.stats.cluster = self.config.cluster.to_string();
-        info!(streaming_lists = self.options.streaming_lists, mode = ?self.config.mode, shadow = self.config.shadow, "controller starting");
+        info!(streaming_lists = self.options.streaming_lists, mode = ?self.config.mode, shadow = self.config.shadow, kcp_shard = self.shard.is_some(), "controller starting");
 
+        // On kcp the quotas of every logical cluster, from one wildcard watch.
+        let wide = if self.shard.is_some() {
+            Route::wildcard()
+        } else {
+            Route::direct()
+        };
         let mut quota_events = watcher(
-            Api::<ResourceQuota>::all(self.client.clone()),
+            routed_api::<ResourceQuota>(&self.client, &wide, None, ()),
             watcher::Config::default(),
         )
         .default_backoff()
         .boxed();
-        let mut api_changes = api_change_stream(&self.client, self.config.kcp, &self.metrics);
+        let mut logical_clusters = self
+            .shard
+            .as_ref()
+            .map(|_| members::logical_clusters(&self.client));
+        let mut api_changes = api_change_stream(&self.client, &wide, self.config.kcp, &self.metrics);
         let mut quota_relist: Option<Vec<ResourceQuota>> = None;
-        let mut discovery = Some(discover_owned(self.client.clone()));
-        let mut next_discovery = tokio::time::Instant::now() + self.config.discovery_poll;
-        // After a CRD or APIService change, discovery runs again a few times: a new CRD is
-        // served a moment after its object appears.
-        let mut discovery_retries: Vec<tokio::time::Instant> = Vec::new();
-        let mut first_discovery_failures = 0_u32;
         let mut shared_changes = self.hub.as_ref().map(crate::hub::Hub::changes);
         let resync = (!self.config.resync_period.is_zero()).then_some(self.config.resync_period);
         let mut next_resync = resync.map(|p| tokio::time::Instant::now() + p);
@@ -329,13 +363,17 @@ impl Controller {
             let queue_ready = self.queue.next_ready().map(tokio::time::Instant::from_std);
             let (busy, next_stall) = busy_writes(self.writing.values().copied(), Instant::now());
             let can_start = busy < self.config.concurrency.max(1);
-            let next_retry = discovery_retries.iter().min().copied();
+            let discovery_due = self.discoveries.next_due().map(tokio::time::Instant::from_std);
             tokio::select! {
                 () = &mut shutdown => break Ok(()),
                 event = quota_events.next() => match event {
                     Some(Ok(event)) => self.on_quota_event(event, &mut quota_relist),
                     Some(Err(error)) => warn!(%error, "ResourceQuota watch failed; retrying"),
                     None => break Err(Error::QuotaWatchEnded),
+                },
+                Some(event) = next_of(logical_clusters.as_mut()) => match event {
+                    Ok(event) => self.on_logical_cluster(&event),
+                    Err(error) => warn!(%error, "wildcard LogicalCluster watch failed; retrying"),
                 },
                 Some((id, item)) = self.streams.next(), if !self.streams.is_empty() => self.on_watch_item(id, item),
                 Ok(()) = async {
@@ -344,32 +382,18 @@ impl Controller {
                         None => std::future::pending().await,
                     }
                 } => self.on_shared_changed(),
-                Some(()) = api_changes.next() => {
-                    let now = tokio::time::Instant::now();
-                    discovery_retries = [300, 1_000, 3_000, 8_000].iter().map(|ms| now + Duration::from_millis(*ms)).collect();
+                Some(changed) = api_changes.next() => match changed {
+                    Some(cluster) => self.discoveries.api_changed(&cluster, Instant::now()),
+                    None => self.discoveries.all_changed(Instant::now()),
+                },
+                () = tokio::time::sleep_until(discovery_due.unwrap_or_else(far_future)), if discovery_due.is_some() => {
+                    self.start_discoveries();
                 }
-                Some(result) = futures::future::OptionFuture::from(discovery.as_mut()), if discovery.is_some() => {
-                    discovery = None;
-                    let failed = result.is_err();
-                    self.on_discovery(result);
-                    // Until a first discovery succeeds no status is written: retry it soon
-                    // (1 s doubling, at most the poll period), not only at the next poll.
-                    first_discovery_failures = if failed && !self.engine.resolver.knows(&self.config.cluster) {
-                        let wait = lazyquota_index::queue::doubling(Duration::from_secs(1), first_discovery_failures + 1, self.config.discovery_poll);
-                        discovery_retries.push(tokio::time::Instant::now() + wait);
-                        first_discovery_failures + 1
-                    } else {
-                        0
-                    };
-                }
-                () = tokio::time::sleep_until(next_discovery), if discovery.is_none() => {
-                    next_discovery = tokio::time::Instant::now() + self.config.discovery_poll;
-                    discovery = Some(discover_owned(self.client.clone()));
-                }
-                () = tokio::time::sleep_until(next_retry.unwrap_or_else(far_future)), if next_retry.is_some() && discovery.is_none() => {
-                    let now = tokio::time::Instant::now();
-                    discovery_retries.retain(|t| *t > now);
-                    discovery = Some(discover_owned(self.client.clone()));
+                Some((cluster, result)) = self.discovering.next(), if !self.discovering.is_empty() => {
+                    self.discoveries.finished(&cluster, result.is_ok(), Instant::now());
+                    if self.members.contains_key(&cluster) {
+                        self.on_discovery(&cluster, result);
+                    }
                 }
                 () = tokio::time::sleep_until(next_resync.unwrap_or_else(far_future)), if next_resync.is_some() => {
                     next_resync = resync.map(|p| tokio::time::Instant::now() + p);
@@ -416,31 +440,58 @@ impl Controller {
 
     // ---- quotas ----------------------------------------------------------------------------
 
-    fn quota_key(&self, quota: &ResourceQuota) -> QuotaKey {
-        QuotaKey::new(
-            &self.config.cluster,
+    /// The quota's key: in this controller's cluster, or on kcp in the logical cluster its
+    /// `kcp.io/cluster` annotation names (`None` without one).
+    fn quota_key(&self, quota: &ResourceQuota) -> Option<QuotaKey> {
+        let cluster = if self.shard.is_some() {
+            members::cluster_of(quota)?
+        } else {
+            self.config.cluster.clone()
+        };
+        Some(QuotaKey::new(
+            &cluster,
             &quota.namespace().unwrap_or_default(),
             &quota.name_any(),
-        )
+        ))
     }
 
     fn on_quota_event(
         &mut self,
-        event: watcher::Event<ResourceQuota>,
+        event: watcher::Event<Routed<ResourceQuota>>,
         relist: &mut Option<Vec<ResourceQuota>>,
     ) {
+        if let Some(membership) = &mut self.shard {
+            members::on_quota(membership, &event);
+        }
         match event {
             watcher::Event::Init => *relist = Some(Vec::new()),
-            watcher::Event::InitApply(quota) => match relist {
+            watcher::Event::InitApply(Routed(quota)) => match relist {
                 Some(list) => list.push(quota),
                 None => self.apply_quota(&quota),
             },
             watcher::Event::InitDone => {
                 let quotas = relist.take().unwrap_or_default();
-                let keyed: Vec<(QuotaKey, &ResourceQuota)> =
-                    quotas.iter().map(|q| (self.quota_key(q), q)).collect();
-                let cluster = self.config.cluster.clone();
-                let changes = self.engine.reset_quotas(&cluster, keyed);
+                let mut by_cluster: BTreeMap<ClusterName, Vec<(QuotaKey, &ResourceQuota)>> = self
+                    .engine
+                    .index
+                    .quotas()
+                    .map(|(k, _)| (k.cluster.clone(), Vec::new()))
+                    .collect();
+                by_cluster.entry(self.config.cluster.clone()).or_default();
+                for quota in &quotas {
+                    let Some(key) = self.quota_key(quota) else {
+                        warn!(quota = %quota.name_any(), "a wildcard ResourceQuota without the kcp.io/cluster annotation; ignored");
+                        continue;
+                    };
+                    by_cluster
+                        .entry(key.cluster.clone())
+                        .or_default()
+                        .push((key, quota));
+                }
+                let mut changes = Vec::new();
+                for (cluster, keyed) in by_cluster {
+                    changes.extend(self.engine.reset_quotas(&cluster, keyed));
+                }
                 for (key, entry) in self.engine.index.quotas() {
                     report_spec_problems(key, &entry.payload.spec.problems);
                 }
@@ -450,27 +501,102 @@ impl Controller {
                 self.enqueue_all();
                 info!(quotas = self.engine.index.len(), "ResourceQuotas listed");
             }
-            watcher::Event::Apply(quota) => {
-                debug!(quota = %self.quota_key(&quota), resource_version = ?quota.metadata.resource_version, "quota event");
+            watcher::Event::Apply(Routed(quota)) => {
+                debug!(quota = ?self.quota_key(&quota), resource_version = ?quota.metadata.resource_version, "quota event");
                 self.apply_quota(&quota);
             }
-            watcher::Event::Delete(quota) => {
-                let key = self.quota_key(&quota);
-                let changes = self.engine.delete_quota(&key);
-                self.queue.remove(&key);
-                let name = key.to_string();
-                self.stats.disagreements.retain(|(q, _), _| q != &name);
-                self.stats.withheld.retain(|(q, _)| q != &name);
-                self.stats.shadow_unknown.retain(|(q, _)| q != &name);
-                self.stats.shadow_verdicts.remove(&name);
-                self.apply_demand(&changes);
-                debug!(quota = %key, "quota deleted");
+            watcher::Event::Delete(Routed(quota)) => {
+                if let Some(key) = self.quota_key(&quota) {
+                    self.delete_quota(&key);
+                }
             }
+        }
+        self.engage();
+    }
+
+    fn delete_quota(&mut self, key: &QuotaKey) {
+        let changes = self.engine.delete_quota(key);
+        self.queue.remove(key);
+        let name = key.to_string();
+        self.stats.disagreements.retain(|(q, _), _| q != &name);
+        self.stats.withheld.retain(|(q, _)| q != &name);
+        self.stats.shadow_unknown.retain(|(q, _)| q != &name);
+        self.stats.shadow_verdicts.remove(&name);
+        self.apply_demand(&changes);
+        debug!(quota = %key, "quota deleted");
+    }
+
+    // ---- kcp: which logical clusters are served ---------------------------------------------
+
+    fn on_logical_cluster(&mut self, event: &watcher::Event<members::LogicalCluster>) {
+        if let Some(membership) = &mut self.shard {
+            members::on_cluster(membership, event);
+        }
+        self.engage();
+    }
+
+    /// Brings the served logical clusters to what the membership wants: a cluster with a quota
+    /// is discovered and served; one whose last quota (or LogicalCluster) went is let go.
+    fn engage(&mut self) {
+        let Some(membership) = &self.shard else { return };
+        if !membership.clusters_known() {
+            return;
+        }
+        let desired = membership.desired();
+        let gone: Vec<ClusterName> = self
+            .members
+            .keys()
+            .filter(|c| !desired.contains(*c))
+            .cloned()
+            .collect();
+        let mut new = Vec::new();
+        for cluster in desired {
+            if !self.members.contains_key(&cluster) {
+                let path = membership.path(&cluster);
+                info!(%cluster, workspace = path, quotas = membership.quotas_in(&cluster), "ResourceQuota found: serving the logical cluster");
+                let member = Member {
+                    workspace: (!path.is_empty()).then(|| path.to_owned()),
+                    ..Member::default()
+                };
+                new.push((cluster, member));
+            }
+        }
+        let changed = !gone.is_empty() || !new.is_empty();
+        for cluster in gone {
+            self.disengage(&cluster);
+        }
+        let now = Instant::now();
+        for (cluster, member) in new {
+            self.discoveries.add(cluster.clone(), now);
+            self.members.insert(cluster, member);
+        }
+        if changed {
+            self.metrics.kcp_engaged(self.members.len());
+        }
+    }
+
+    /// Lets `cluster` go: its watches stop, its discovery and Event series are forgotten; its
+    /// quotas stay known (the wildcard watch keeps them) but are neither computed nor written.
+    fn disengage(&mut self, cluster: &ClusterName) {
+        let workspace = self.members.remove(cluster).and_then(|m| m.workspace);
+        info!(%cluster, workspace = workspace.as_deref().unwrap_or_default(), "no ResourceQuota left (or the logical cluster is going): letting it go");
+        self.discoveries.remove(cluster);
+        let shared = shared_by(self.hub.as_ref());
+        let mut out = Vec::new();
+        self.watches
+            .forget_cluster(&mut self.engine, cluster, &shared, &mut out);
+        self.carry_out(out);
+        self.recorder.forget_cluster(cluster);
+        if let Some(hub) = &self.hub {
+            hub.withdraw(cluster);
         }
     }
 
     fn apply_quota(&mut self, quota: &ResourceQuota) {
-        let key = self.quota_key(quota);
+        let Some(key) = self.quota_key(quota) else {
+            warn!(quota = %quota.name_any(), "a wildcard ResourceQuota without the kcp.io/cluster annotation; ignored");
+            return;
+        };
         let update = self.engine.apply_quota(key.clone(), quota);
         report_spec_problems(&key, &update.problems);
         for problem in &update.problems {
@@ -478,15 +604,20 @@ impl Controller {
         }
         let demand_changed = !update.changes.is_empty();
         self.apply_demand(&update.changes);
+        if demand_changed
+            && self
+                .members
+                .get(&key.cluster)
+                .is_some_and(|m| !m.unavailable_groups.is_empty())
+        {
+            self.report_unavailable(&key.cluster);
+        }
         if update.recompute {
             self.queue.add(key, Instant::now());
         } else if update.recheck {
             // Someone else changed status.used: check it once the watches have caught up (a
             // burst of admission charges makes one check).
             self.queue.add_at(key, Instant::now() + STATUS_RECHECK_DELAY);
-        }
-        if demand_changed && !self.unavailable_groups.is_empty() {
-            self.report_unavailable();
         }
     }
 
@@ -500,27 +631,51 @@ impl Controller {
 
     // ---- discovery -------------------------------------------------------------------------
 
-    fn on_discovery(&mut self, result: Result<Discovered, kube::Error>) {
-        let cluster = self.config.cluster.clone();
+    /// Starts the discoveries that are due (within [`MAX_DISCOVERIES`] running at once).
+    fn start_discoveries(&mut self) {
+        for cluster in self.discoveries.start_due(Instant::now()) {
+            let client = self.client.clone();
+            let route = self.route(&cluster);
+            self.discovering.push(
+                async move {
+                    let result = discover(&client, &route).await;
+                    (cluster, result)
+                }
+                .boxed(),
+            );
+        }
+    }
+
+    /// Where requests for `cluster` go: through the shard's root to the logical cluster on
+    /// kcp, straight to the client's cluster otherwise.
+    fn route(&self, cluster: &ClusterName) -> Route {
+        if self.shard.is_some() {
+            Route::cluster(cluster)
+        } else {
+            Route::direct()
+        }
+    }
+
+    fn on_discovery(&mut self, cluster: &ClusterName, result: Result<Discovered, kube::Error>) {
         let discovered = match result {
             Ok(d) => d,
             Err(error) => {
                 self.metrics.discovery("error");
-                warn!(%error, "discovery failed; keeping what was known");
+                warn!(%cluster, %error, "discovery failed; keeping what was known");
                 return;
             }
         };
         self.metrics.discovery("ok");
-        if discovered.failed_groups.is_empty() {
-            self.unavailable_groups.clear();
-        } else {
-            warn!(groups = ?discovered.failed_groups, "API groups unavailable; keys computed from them keep their previous values");
-            self.unavailable_groups = discovered.failed_groups.iter().cloned().collect();
+        if let Some(member) = self.members.get_mut(cluster) {
+            if !discovered.failed_groups.is_empty() {
+                warn!(%cluster, groups = ?discovered.failed_groups, "API groups unavailable; keys computed from them keep their previous values");
+            }
+            member.unavailable_groups = discovered.failed_groups.iter().cloned().collect();
         }
-        let first = !self.engine.resolver.knows(&cluster);
+        let first = !self.engine.resolver.knows(cluster);
         let changes = self
             .engine
-            .discovered(&cluster, discovered.served, &discovered.failed_groups);
+            .discovered(cluster, discovered.served, &discovered.failed_groups);
         let mut touched: BTreeSet<GroupResource> = BTreeSet::new();
         for change in changes {
             debug!(?change, "discovery change");
@@ -528,7 +683,7 @@ impl Controller {
             if let ResolverChange::Changed(_) | ResolverChange::Gone(_) = change {
                 // A version change restarts the watch; a resource that is gone stops it.
                 let mut out = Vec::new();
-                self.watches.stop_all_of(&mut self.engine, &cluster, r, &mut out);
+                self.watches.stop_all_of(&mut self.engine, cluster, r, &mut out);
                 self.carry_out(out);
             }
             touched.insert(r.clone());
@@ -536,42 +691,54 @@ impl Controller {
         touched.extend(planner::eager_resources(
             &self.engine,
             &Self::plan_settings(&self.config),
-            &cluster,
+            cluster,
         ));
         let now = Instant::now();
         for resource in &touched {
-            self.sync_watches(&cluster, resource);
+            self.sync_watches(cluster, resource);
             // A newly served resource gives its quotas an evaluator: compute them now.
-            for key in self.engine.index.computing(&cluster, resource) {
+            for key in self.engine.index.computing(cluster, resource) {
                 self.queue.add(key, now);
             }
         }
         if first {
-            // Quotas were held back until now (see `sync_quota`).
-            self.enqueue_all();
+            // The cluster's quotas were held back until now (see `sync_quota`).
+            let keys: Vec<QuotaKey> = self
+                .engine
+                .index
+                .quotas()
+                .map(|(k, _)| k)
+                .filter(|k| &k.cluster == cluster)
+                .cloned()
+                .collect();
+            for key in keys {
+                self.queue.add(key, now);
+            }
         }
-        self.report_unavailable();
+        self.report_unavailable(cluster);
     }
 
-    /// Tells each quota that names a resource of an unavailable API group, once per outage,
-    /// with an Event (and, when the group is back, that it is available again).
-    fn report_unavailable(&mut self) {
-        let cluster = self.config.cluster.clone();
+    /// Tells each quota of `cluster` that names a resource of an unavailable API group, once
+    /// per outage, with an Event (and, when the group is back, that it is available again).
+    fn report_unavailable(&mut self, cluster: &ClusterName) {
+        let Some(member) = self.members.get(cluster) else {
+            return;
+        };
         let mut now_unavailable = BTreeSet::new();
         for (c, resource) in self.engine.index.demanded() {
-            if c == &cluster && self.unavailable_groups.contains(&resource.group) {
+            if c == cluster && member.unavailable_groups.contains(&resource.group) {
                 for quota in self.engine.index.computing(c, resource) {
                     now_unavailable.insert((quota, resource.clone()));
                 }
             }
         }
-        let back: Vec<_> = self
+        let back: Vec<_> = member
             .told_unavailable
             .difference(&now_unavailable)
             .cloned()
             .collect();
         let new: Vec<_> = now_unavailable
-            .difference(&self.told_unavailable)
+            .difference(&member.told_unavailable)
             .cloned()
             .collect();
         for (quota, resource) in &new {
@@ -593,7 +760,9 @@ impl Controller {
                 self.emit(quota, EventType::Normal, "ResourceAvailable", &note);
             }
         }
-        self.told_unavailable = now_unavailable;
+        if let Some(member) = self.members.get_mut(cluster) {
+            member.told_unavailable = now_unavailable;
+        }
     }
 
     // ---- demand → watches: the pure watch set decides, this carries out -------------------
@@ -739,7 +908,15 @@ impl Controller {
     fn open_watch(&mut self, id: u64, key: &WatchKey, served: &ServedResource, shared: bool) {
         let (stream, abort) = match &self.hub {
             Some(hub) if shared => hub.subscribe(served, key, id),
-            _ => crate::watch::open(&self.client, served, key, self.options, &self.interner, id),
+            _ => crate::watch::open(
+                &self.client,
+                &self.route(&key.cluster),
+                served,
+                key,
+                self.options,
+                &self.interner,
+                id,
+            ),
         };
         info!(watch = %key, version = %served.version, shared, "watch started");
         self.streams.push(stream);
@@ -755,12 +932,14 @@ impl Controller {
 
     fn start_fill(&mut self, key: WatchKey, namespace: Arc<str>, served: ServedResource) {
         let (client, gates, interner) = (self.client.clone(), self.config.gates, self.interner.clone());
+        let route = self.route(&key.cluster);
         debug!(watch = %key, %namespace, "filling a joining namespace from a list");
         self.fills.push(
             async move {
-                let listed =
-                    crate::watch::list_namespace(&client, &served, &namespace, key.need, gates, &interner)
-                        .await;
+                let listed = crate::watch::list_namespace(
+                    &client, &route, &served, &namespace, key.need, gates, &interner,
+                )
+                .await;
                 (key, namespace, listed)
             }
             .boxed(),
@@ -775,27 +954,17 @@ impl Controller {
             return;
         }
         let uid = self.engine.index.get(quota).and_then(|e| e.payload.uid.clone());
-        let reference = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("ResourceQuota".into()),
-            namespace: Some(quota.namespace.to_string()),
-            name: Some(quota.name.to_string()),
-            uid,
-            ..ObjectReference::default()
-        };
-        let note = event_note(self.config.workspace.as_deref(), note);
-        let event = Event {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(note),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        let recorder = self.recorder.clone();
+        let workspace = self
+            .members
+            .get(&quota.cluster)
+            .and_then(|m| m.workspace.as_deref());
+        let note = event_note(workspace, note);
+        let warning = matches!(type_, EventType::Warning);
+        let publish = self.recorder.record(quota, uid, warning, reason, note);
         let quota = quota.clone();
         self.events.push(
             async move {
-                if let Err(error) = recorder.publish(&event, &reference).await {
+                if let Err(error) = publish.await {
                     warn!(quota = %quota, %error, "recording an Event failed");
                 }
             }
@@ -855,12 +1024,14 @@ impl Controller {
             .get(&key)
             .map(|e| status_patch(&e.payload, &decision))
             .unwrap_or_default();
-        let api: Api<ResourceQuota> = Api::namespaced(self.client.clone(), &key.namespace);
+        let api =
+            routed_api::<ResourceQuota>(&self.client, &self.route(&key.cluster), Some(&key.namespace), ());
         let key_of_write = key.clone();
         let write = async move {
             let result = api
                 .patch_status(&key.name, &PatchParams::default(), &Patch::Merge(&body))
-                .await;
+                .await
+                .map(|Routed(written)| written);
             (key, started, result)
         };
         self.writing.insert(key_of_write, started);
@@ -1036,7 +1207,12 @@ impl Controller {
             }
         }
         self.stats.pending = pending.into_iter().collect();
-        self.stats.unavailable_groups = self.unavailable_groups.iter().cloned().collect();
+        let unavailable: BTreeSet<&String> = self
+            .members
+            .values()
+            .flat_map(|m| &m.unavailable_groups)
+            .collect();
+        self.stats.unavailable_groups = unavailable.into_iter().cloned().collect();
         self.stats.quota_usage = if self.config.quota_usage_metrics {
             self.quota_usage()
         } else {
@@ -1125,43 +1301,63 @@ fn far_future() -> tokio::time::Instant {
     tokio::time::Instant::now() + Duration::from_secs(86_400 * 365)
 }
 
-fn discover_owned(client: Client) -> BoxFuture<'static, Result<Discovered, kube::Error>> {
-    async move { discover(&client).await }.boxed()
+/// The next item of an optional stream (never, without one).
+async fn next_of<S: futures::Stream + Unpin>(stream: Option<&mut S>) -> Option<S::Item> {
+    match stream {
+        Some(stream) => stream.next().await,
+        None => std::future::pending().await,
+    }
 }
 
-/// One item per change of a CustomResourceDefinition or APIService (metadata-only watches:
-/// only the fact of a change matters, discovery reads the rest).
-/// Fires when the set of served types may have changed: CRDs and APIServices on Kubernetes;
-/// CRDs and APIBindings in a kcp logical cluster.
-fn api_change_stream(client: &Client, kcp: bool, metrics: &Metrics) -> BoxStream<'static, ()> {
+/// One item per change of what a cluster may serve: CRDs and APIServices on Kubernetes; CRDs
+/// and APIBindings in kcp logical clusters (metadata-only watches: only the fact of a change
+/// matters, discovery reads the rest). Under the wildcard route each item names the logical
+/// cluster of the changed object; `None` means every served cluster (a change on Kubernetes,
+/// or a relist of the watch, after which any change may have been missed).
+fn api_change_stream(
+    client: &Client,
+    route: &Route,
+    kcp: bool,
+    metrics: &Metrics,
+) -> BoxStream<'static, Option<ClusterName>> {
     /// Passes on changes; a failure is a log line and `lazyquota_watch_errors_total` (the
     /// watcher retries with backoff; discovery keeps its last answer meanwhile).
-    fn changed<K>(
+    fn changed<K: kube::Resource>(
         resource: &'static str,
+        wildcard: bool,
         metrics: Metrics,
-    ) -> impl FnMut(Result<watcher::Event<K>, watcher::Error>) -> futures::future::Ready<Option<()>> {
+    ) -> impl FnMut(Result<watcher::Event<K>, watcher::Error>) -> futures::future::Ready<Option<Option<ClusterName>>>
+    {
         move |event| {
+            let of = |o: &K| if wildcard { members::cluster_of(o) } else { None };
             let changed = match event {
-                Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => true,
-                Ok(_) => false,
+                Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) => Some(of(&o)),
+                Ok(watcher::Event::InitDone) => Some(None),
+                Ok(_) => None,
                 Err(error) => {
                     let reason = crate::watch::failure_reason(&error);
                     warn!(resource, reason, %error, "watch of API changes failed; retrying (discovery keeps its last answer)");
                     metrics.watch_error(resource, reason);
-                    false
+                    None
                 }
             };
-            futures::future::ready(changed.then_some(()))
+            futures::future::ready(changed)
         }
     }
-    let crds: Api<PartialObjectMeta<CustomResourceDefinition>> = Api::all(client.clone());
-    let crd_changes = watcher(crds, watcher::Config::default())
+    let wildcard = route == &Route::wildcard();
+    let watch = |resource: kube::api::ApiResource| {
+        watcher(
+            routed_api::<PartialObjectMeta<DynamicObject>>(client, route, None, resource),
+            watcher::Config::default(),
+        )
         .default_backoff()
-        .filter_map(changed(
-            "customresourcedefinitions.apiextensions.k8s.io",
-            metrics.clone(),
-        ));
-    if kcp {
+    };
+    let crds = watch(kube::api::ApiResource::erase::<CustomResourceDefinition>(&())).filter_map(changed(
+        "customresourcedefinitions.apiextensions.k8s.io",
+        wildcard,
+        metrics.clone(),
+    ));
+    let other = if kcp {
         let bindings = kube::api::ApiResource {
             group: "apis.kcp.io".into(),
             version: "v1alpha1".into(),
@@ -1169,24 +1365,19 @@ fn api_change_stream(client: &Client, kcp: bool, metrics: &Metrics) -> BoxStream
             kind: "APIBinding".into(),
             plural: "apibindings".into(),
         };
-        let bindings: Api<PartialObjectMeta<kube::api::DynamicObject>> =
-            Api::all_with(client.clone(), &bindings);
-        return futures::stream::select(
-            crd_changes,
-            watcher(bindings, watcher::Config::default())
-                .default_backoff()
-                .filter_map(changed("apibindings.apis.kcp.io", metrics.clone())),
-        )
-        .boxed();
-    }
-    let services: Api<PartialObjectMeta<APIService>> = Api::all(client.clone());
-    futures::stream::select(
-        crd_changes,
-        watcher(services, watcher::Config::default())
-            .default_backoff()
-            .filter_map(changed("apiservices.apiregistration.k8s.io", metrics.clone())),
-    )
-    .boxed()
+        watch(bindings)
+            .filter_map(changed("apibindings.apis.kcp.io", wildcard, metrics.clone()))
+            .boxed()
+    } else {
+        watch(kube::api::ApiResource::erase::<APIService>(&()))
+            .filter_map(changed(
+                "apiservices.apiregistration.k8s.io",
+                wildcard,
+                metrics.clone(),
+            ))
+            .boxed()
+    };
+    futures::stream::select(crds, other).boxed()
 }
 
 #[cfg(test)]

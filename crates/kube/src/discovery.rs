@@ -5,9 +5,13 @@
 //! the per-group walk otherwise. There is no discovery watch in Kubernetes; the controller
 //! re-runs this when CustomResourceDefinitions or APIServices change, and on a slow poll.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{APIGroupList, APIResourceList, APIVersions};
+use kube::Client;
 use kube::client::APIGroupDiscoveryList;
-use kube::{Client, discovery::Discovery};
 use lazyquota_index::{keys::GroupResource, resolver::ServedResource};
+use serde::de::DeserializeOwned;
+
+use crate::route::Route;
 
 /// One discovery run's results.
 #[derive(Debug, Default)]
@@ -27,15 +31,16 @@ pub struct Discovered {
 /// Aggregated discovery marks a group version whose APIService does not answer as `Stale`
 /// (listed without resources): such a group is reported in `failed_groups`, so that what was
 /// known of it is kept rather than taken as gone.
-pub async fn discover(client: &Client) -> Result<Discovered, kube::Error> {
-    let groups = match aggregated(client, "/apis").await {
-        Ok(Some(apis)) => match aggregated(client, "/api").await? {
+pub async fn discover(client: &Client, route: &Route) -> Result<Discovered, kube::Error> {
+    let at = |path: &str| format!("{}{path}", route.prefix());
+    let groups = match aggregated(client, &at("/apis")).await {
+        Ok(Some(apis)) => match aggregated(client, &at("/api")).await? {
             Some(core) => core.items.into_iter().chain(apis.items).collect::<Vec<_>>(),
-            None => return discover_per_group(client).await,
+            None => return discover_per_group(client, route).await,
         },
         // Servers older than 1.26 lack aggregated discovery (an error or a legacy answer);
         // kcp answers every logical cluster's /api and /apis with the legacy lists.
-        Ok(None) | Err(_) => return discover_per_group(client).await,
+        Ok(None) | Err(_) => return discover_per_group(client, route).await,
     };
     let mut found = Discovered::default();
     for group in groups {
@@ -112,28 +117,52 @@ fn served_push(
 }
 
 /// The per-group walk (one request per group version), for servers without aggregated
-/// discovery.
-async fn discover_per_group(client: &Client) -> Result<Discovered, kube::Error> {
-    let discovery = Discovery::new(client.clone()).run().await?;
+/// discovery: every version of every group, the preferred one first (ours rather than
+/// kube's `Discovery`, which cannot put a logical cluster's route in front of its paths).
+async fn discover_per_group(client: &Client, route: &Route) -> Result<Discovered, kube::Error> {
+    let at = |path: &str| format!("{}{path}", route.prefix());
     let mut served = Vec::new();
-    for group in discovery.groups() {
-        let preferred = group.preferred_version_or_latest().to_owned();
+    let core: APIVersions = get(client, &at("/api")).await?;
+    let mut group_versions: Vec<(String, Vec<String>)> = vec![(
+        String::new(),
+        core.versions.iter().map(|v| format!("/api/{v}")).collect(),
+    )];
+    let groups: APIGroupList = get(client, &at("/apis")).await?;
+    for group in groups.groups {
+        let preferred = group.preferred_version.map(|p| p.group_version);
+        let mut paths: Vec<String> = preferred.iter().map(|gv| format!("/apis/{gv}")).collect();
+        paths.extend(
+            group
+                .versions
+                .iter()
+                .filter(|v| Some(&v.group_version) != preferred.as_ref())
+                .map(|v| format!("/apis/{}", v.group_version)),
+        );
+        group_versions.push((group.name, paths));
+    }
+    for (group, paths) in group_versions {
         let mut seen = std::collections::BTreeSet::new();
-        let versions = std::iter::once(preferred.clone())
-            .chain(group.versions().filter(|v| *v != preferred).map(str::to_owned));
-        for version in versions {
-            for (resource, caps) in group.versioned_resources(&version) {
-                if !seen.insert(resource.plural.clone()) {
+        for path in paths {
+            let list: APIResourceList = get(client, &at(&path)).await?;
+            let version = list
+                .group_version
+                .rsplit('/')
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            for resource in list.resources {
+                // Subresources (`pods/status`) are not types of their own.
+                if resource.name.contains('/') || !seen.insert(resource.name.clone()) {
                     continue;
                 }
                 served_push(
                     &mut served,
-                    &resource.group,
-                    &resource.version,
-                    resource.plural.clone(),
-                    resource.kind.clone(),
-                    caps.scope == kube::discovery::Scope::Namespaced,
-                    caps.operations.clone(),
+                    &group,
+                    &version,
+                    resource.name,
+                    resource.kind,
+                    resource.namespaced,
+                    resource.verbs,
                 );
             }
         }
@@ -142,4 +171,12 @@ async fn discover_per_group(client: &Client) -> Result<Discovered, kube::Error> 
         served,
         failed_groups: Vec::new(),
     })
+}
+
+/// GETs `path` and reads it as `T`.
+async fn get<T: DeserializeOwned>(client: &Client, path: &str) -> Result<T, kube::Error> {
+    let request = http::Request::get(path)
+        .body(Vec::new())
+        .map_err(kube::Error::HttpError)?;
+    client.request(request).await
 }

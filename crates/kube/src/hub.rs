@@ -61,8 +61,9 @@ use tracing::{debug, info, warn};
 
 use crate::{
     metrics::Metrics,
-    shard::{CLUSTER_ANNOTATION, Shard},
-    watch::{ObjectEvent, Tagged, WatchItem, WatchKey, api_resource},
+    route::{Route, Routed},
+    shard::CLUSTER_ANNOTATION,
+    watch::{ObjectEvent, Tagged, WatchItem, WatchKey, api_resource, routed_api},
 };
 
 /// Events a subscriber may have unread (and a joining one buffered) before it overflows.
@@ -130,17 +131,14 @@ impl fanout::Sink for Sink {
 
 impl Hub {
     /// Starts the hub of `shard` (one task); types are shared from `threshold` clusters on.
-    pub fn start(shard: Shard, wildcard: Client, threshold: usize, metrics: Metrics) -> Self {
+    ///
+    /// `root` is a client of the shard's root URL: the shared watches go to
+    /// `/clusters/*/...` and a joining subscriber's list to `/clusters/<name>/...` through it
+    /// ([`Routed`]), so no logical cluster costs a client (and its task) of its own.
+    pub fn start(root: Client, threshold: usize, metrics: Metrics) -> Self {
         let inbox = Arc::new(Inbox::default());
         let (shared_tx, shared_rx) = watch::channel(BTreeSet::new());
-        let task = tokio::spawn(run(
-            shard,
-            wildcard,
-            threshold.max(1),
-            inbox.clone(),
-            shared_tx,
-            metrics,
-        ));
+        let task = tokio::spawn(run(root, threshold.max(1), inbox.clone(), shared_tx, metrics));
         Self {
             inbox,
             shared: shared_rx,
@@ -167,6 +165,12 @@ impl Hub {
     /// This engagement of `cluster` has ended: all its demand goes.
     pub fn withdraw(&self, cluster: &ClusterName) {
         lock(&self.inbox.demand).withdraw(&(cluster.clone(), self.engagement));
+        self.inbox.changed.notify_one();
+    }
+
+    /// This engagement has ended (its engine stopped): all its demand goes, every cluster's.
+    pub fn withdraw_all(&self) {
+        lock(&self.inbox.demand).withdraw_engagement(self.engagement);
         self.inbox.changed.notify_one();
     }
 
@@ -226,7 +230,7 @@ struct Shared {
 }
 
 type Joined = (SharedKey, u64, kube::Result<(Option<u64>, Vec<ObjectEvent>)>);
-type MetaEvent = Result<watcher::Event<PartialObjectMeta<DynamicObject>>, watcher::Error>;
+type MetaEvent = Result<watcher::Event<Routed<PartialObjectMeta<DynamicObject>>>, watcher::Error>;
 
 fn event_of(object: &PartialObjectMeta<DynamicObject>) -> ObjectEvent {
     ObjectEvent {
@@ -242,13 +246,11 @@ fn revision(object: &PartialObjectMeta<DynamicObject>) -> Option<u64> {
 
 /// The hub's state; its task is a thin loop around it.
 struct State {
-    shard: Shard,
-    wildcard: Client,
+    /// The shard's root: every request is routed ([`Routed`]).
+    root: Client,
     watches: BTreeMap<SharedKey, Shared>,
     streams: SelectAll<BoxStream<'static, (SharedKey, MetaEvent)>>,
     joins: FuturesUnordered<BoxFuture<'static, Joined>>,
-    /// Per-cluster clients for join lists, built once per cluster.
-    clients: BTreeMap<ClusterName, Client>,
 }
 
 impl State {
@@ -261,8 +263,8 @@ impl State {
     ) {
         let key = (served.resource.clone(), served.version.clone());
         if !self.watches.contains_key(&key) {
-            let api: Api<PartialObjectMeta<DynamicObject>> =
-                Api::all_with(self.wildcard.clone(), &api_resource(served));
+            let api: Api<Routed<PartialObjectMeta<DynamicObject>>> =
+                routed_api(&self.root, &Route::wildcard(), None, api_resource(served));
             let (stream, abort) =
                 futures::stream::abortable(watcher(api, watcher::Config::default()).default_backoff());
             let tag = key.clone();
@@ -286,24 +288,16 @@ impl State {
     /// Lists one cluster's (namespace's) objects of the shared watch's type for a joining
     /// subscriber, after the join's backoff, with the list's resourceVersion.
     fn start_join(&mut self, key: &SharedKey, join: Join) {
-        let client = match self.clients.get(&join.cluster) {
-            Some(client) => Ok(client.clone()),
-            None => self.shard.cluster(&join.cluster).inspect(|c| {
-                self.clients.insert(join.cluster.clone(), c.clone());
-            }),
-        };
+        let (client, route) = (self.root.clone(), Route::cluster(&join.cluster));
         let api_resource = self.watches.get(key).map(|w| api_resource(&w.served));
         let key = key.clone();
         self.joins.push(Box::pin(async move {
             tokio::time::sleep(join.after).await;
             let listed = async {
-                let client = client.map_err(|e| kube::Error::Service(Box::new(e)))?;
                 let api_resource =
                     api_resource.ok_or_else(|| kube::Error::Service("the shared watch is gone".into()))?;
-                let api: Api<PartialObjectMeta<DynamicObject>> = match &join.namespace {
-                    Some(ns) => Api::namespaced_with(client, ns, &api_resource),
-                    None => Api::all_with(client, &api_resource),
-                };
+                let api: Api<Routed<PartialObjectMeta<DynamicObject>>> =
+                    routed_api(&client, &route, join.namespace.as_deref(), api_resource);
                 let mut params = ListParams::default().limit(500);
                 let mut objects = Vec::new();
                 let mut at = None;
@@ -316,7 +310,7 @@ impl State {
                             .as_deref()
                             .and_then(|v| v.parse().ok());
                     }
-                    objects.extend(page.items.iter().map(event_of));
+                    objects.extend(page.items.iter().map(|o| event_of(&o.0)));
                     match page.metadata.continue_ {
                         Some(token) if !token.is_empty() => params = params.continue_token(&token),
                         _ => break,
@@ -340,15 +334,15 @@ impl State {
                 Vec::new()
             }
             Ok(watcher::Event::InitApply(o)) => {
-                with_seen(&o, |seen| fanout.init_apply(seen));
+                with_seen(&o.0, |seen| fanout.init_apply(seen));
                 Vec::new()
             }
             Ok(watcher::Event::InitDone) => {
                 fanout.init_done();
                 Vec::new()
             }
-            Ok(watcher::Event::Apply(o)) => with_seen(&o, |seen| fanout.apply(seen)).unwrap_or_default(),
-            Ok(watcher::Event::Delete(o)) => with_seen(&o, |seen| fanout.delete(seen)).unwrap_or_default(),
+            Ok(watcher::Event::Apply(o)) => with_seen(&o.0, |seen| fanout.apply(seen)).unwrap_or_default(),
+            Ok(watcher::Event::Delete(o)) => with_seen(&o.0, |seen| fanout.delete(seen)).unwrap_or_default(),
             Err(error) => {
                 warn!(resource = %key.0.object_count_name(), %error, "shared wildcard watch failed; retrying");
                 fanout.failed(crate::watch::failure_reason(&error), &error.to_string());
@@ -427,20 +421,17 @@ fn with_seen<R>(
 }
 
 async fn run(
-    shard: Shard,
-    wildcard: Client,
+    root: Client,
     threshold: usize,
     inbox: Arc<Inbox>,
     shared_tx: watch::Sender<BTreeSet<GroupResource>>,
     metrics: Metrics,
 ) {
     let mut state = State {
-        shard,
-        wildcard,
+        root,
         watches: BTreeMap::new(),
         streams: SelectAll::new(),
         joins: FuturesUnordered::new(),
-        clients: BTreeMap::new(),
     };
     let mut tick = tokio::time::interval(Duration::from_secs(5));
     loop {
@@ -465,7 +456,6 @@ async fn run(
             _ = tick.tick() => {
                 state.prune();
                 state.rejoin_caught_up();
-                state.clients.retain(|c, _| state.watches.values().any(|w| w.fanout.serves(c)));
                 metrics.kcp_shared_watches(state.watches.len());
             }
         }

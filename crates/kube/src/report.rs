@@ -221,7 +221,9 @@ pub async fn explain(
 ) -> Result<Explain, Error> {
     let gates = settings.gates;
     let cluster = cluster.clone();
-    let discovered = discover(client).await.map_err(Error::Discovery)?;
+    let discovered = discover(client, &crate::route::Route::direct())
+        .await
+        .map_err(Error::Discovery)?;
     let served_all: BTreeMap<GroupResource, ServedResource> = discovered
         .served
         .iter()
@@ -361,7 +363,9 @@ async fn load(
     gates: FeatureGates,
     kcp: bool,
 ) -> Result<(Engine, Vec<ResourceQuota>), Error> {
-    let discovered = discover(client).await.map_err(Error::Discovery)?;
+    let discovered = discover(client, &crate::route::Route::direct())
+        .await
+        .map_err(Error::Discovery)?;
     load_with(client, cluster, namespace, gates, discovered, true, kcp).await
 }
 
@@ -412,7 +416,16 @@ async fn load_with(
                     // A namespace holds no cluster-scoped object (kcp only resolves these).
                     return Ok(Vec::new());
                 }
-                crate::watch::list_namespace(client, served, ns, need, gates, interner).await
+                crate::watch::list_namespace(
+                    client,
+                    &crate::route::Route::direct(),
+                    served,
+                    ns,
+                    need,
+                    gates,
+                    interner,
+                )
+                .await
             }
         });
         let lists = try_join_all(lists).await.map_err(|source| Error::List {

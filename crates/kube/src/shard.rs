@@ -80,6 +80,12 @@ impl Shard {
         self.at(name.as_str())
     }
 
+    /// A client of the shard's root, for requests routed to a logical cluster
+    /// ([`crate::route::Routed`]): the shard's engine needs no client per cluster.
+    pub fn root(&self) -> Result<Client, Error> {
+        self.pool.client(self.config.clone()).map_err(Error::Client)
+    }
+
     /// A client for wildcard lists and watches (`<shard>/clusters/*`).
     pub fn wildcard(&self) -> Result<Client, Error> {
         self.at("*")

@@ -35,6 +35,8 @@ use lazyquota_quota::{
 use serde::de::DeserializeOwned;
 use tracing::warn;
 
+use crate::route::{Route, Routed};
+
 pub use lazyquota_index::planner::WatchKey;
 
 pub use lazyquota_index::watches::ObjectEvent;
@@ -58,6 +60,7 @@ pub type Tagged<T> = BoxStream<'static, (T, WatchItem)>;
 /// it closes its connection.
 pub fn open<T: Clone + Send + 'static>(
     client: &Client,
+    route: &Route,
     served: &ServedResource,
     key: &WatchKey,
     options: WatchOptions,
@@ -77,30 +80,30 @@ pub fn open<T: Clone + Send + 'static>(
     ) {
         (Need::Typed, "", "pods") => {
             let interner = interner.clone();
-            typed::<Pod>(client, ns, config, move |p| {
+            typed::<Pod>(client, route, ns, config, move |p| {
                 Projected::Pod(held(p, PodProjection::from_pod(p, gates, &interner)))
             })
         }
-        (Need::Typed, "", "services") => typed::<Service>(client, ns, config, |s| {
+        (Need::Typed, "", "services") => typed::<Service>(client, route, ns, config, |s| {
             Projected::Service(ServiceProjection::from_service(s))
         }),
         (Need::Typed, "", "persistentvolumeclaims") => {
             let interner = interner.clone();
-            typed::<PersistentVolumeClaim>(client, ns, config, move |c| {
+            typed::<PersistentVolumeClaim>(client, route, ns, config, move |c| {
                 Projected::Pvc(held(c, PvcProjection::from_pvc(c, &interner)))
             })
         }
         (Need::Typed, "resource.k8s.io", "resourceclaims") => {
             let interner = interner.clone();
-            typed::<ResourceClaim>(client, ns, config, move |c| {
+            typed::<ResourceClaim>(client, route, ns, config, move |c| {
                 Projected::Claim(ClaimProjection::from_claim(c, &interner, &crate::object_id))
             })
         }
         (Need::Typed, "resource.k8s.io", "deviceclasses") => {
-            let api: Api<DeviceClass> = Api::all(client.clone());
+            let api: Api<Routed<DeviceClass>> = Api::all_with(client.clone(), &(route.clone(), ()));
             events(watcher(api, config).default_backoff().boxed(), device_class)
         }
-        _ => metadata(client, served, ns, config),
+        _ => metadata(client, route, served, ns, config),
     };
     let (stream, handle) = futures::stream::abortable(stream);
     let stream: Abortable<_> = stream;
@@ -121,6 +124,7 @@ fn device_class(class: &DeviceClass) -> Projected {
 
 fn typed<K>(
     client: &Client,
+    route: &Route,
     namespace: Option<&str>,
     config: watcher::Config,
     project: impl Fn(&K) -> Projected + Send + 'static,
@@ -133,24 +137,36 @@ where
         + Send
         + 'static,
 {
-    let api: Api<K> = match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
+    let api: Api<Routed<K>> = routed_api(client, route, namespace, ());
     events(watcher(api, config).default_backoff().boxed(), project)
+}
+
+/// The API of `K` under `route`, in `namespace` or across all of them.
+pub fn routed_api<K>(
+    client: &Client,
+    route: &Route,
+    namespace: Option<&str>,
+    dt: K::DynamicType,
+) -> Api<Routed<K>>
+where
+    K: Resource,
+    K::DynamicType: Send + Sync + 'static,
+{
+    match namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &(route.clone(), dt)),
+        None => Api::all_with(client.clone(), &(route.clone(), dt)),
+    }
 }
 
 fn metadata(
     client: &Client,
+    route: &Route,
     served: &ServedResource,
     namespace: Option<&str>,
     config: watcher::Config,
 ) -> BoxStream<'static, WatchItem> {
-    let resource = api_resource(served);
-    let api: Api<PartialObjectMeta<DynamicObject>> = match namespace {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
-        None => Api::all_with(client.clone(), &resource),
-    };
+    let api: Api<Routed<PartialObjectMeta<DynamicObject>>> =
+        routed_api(client, route, namespace, api_resource(served));
     events(watcher(api, config).default_backoff().boxed(), |_| {
         Projected::Meta
     })
@@ -173,7 +189,7 @@ pub fn api_resource(served: &ServedResource) -> ApiResource {
 }
 
 fn events<K: Resource + Send + 'static>(
-    stream: BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>,
+    stream: BoxStream<'static, Result<watcher::Event<Routed<K>>, watcher::Error>>,
     project: impl Fn(&K) -> Projected + Send + 'static,
 ) -> BoxStream<'static, WatchItem> {
     stream
@@ -188,11 +204,11 @@ fn events<K: Resource + Send + 'static>(
         .boxed()
 }
 
-fn object_event<K: Resource>(object: &K, project: &impl Fn(&K) -> Projected) -> ObjectEvent {
+fn object_event<K: Resource>(object: &Routed<K>, project: &impl Fn(&K) -> Projected) -> ObjectEvent {
     ObjectEvent {
-        namespace: object.namespace().unwrap_or_default(),
-        name: object.name_any(),
-        object: project(object),
+        namespace: object.0.namespace().unwrap_or_default(),
+        name: object.0.name_any(),
+        object: project(&object.0),
     }
 }
 
@@ -267,6 +283,7 @@ where
 /// then named `<namespace>/<name>`, as that partition identifies them.
 pub async fn list_namespace(
     client: &Client,
+    route: &Route,
     served: &ServedResource,
     namespace: &str,
     need: Need,
@@ -279,45 +296,41 @@ pub async fn list_namespace(
         served.resource.resource.as_str(),
     ) {
         (Need::Typed, "", "pods") => {
-            let api = scoped_api::<Pod>(client, namespace);
+            let api = scoped_api::<Pod>(client, route, namespace);
             list_pages(&api, namespace == ALL_NAMESPACES, |p| {
                 Projected::Pod(held(p, PodProjection::from_pod(p, gates, interner)))
             })
             .await
         }
         (Need::Typed, "", "services") => {
-            let api = scoped_api::<Service>(client, namespace);
+            let api = scoped_api::<Service>(client, route, namespace);
             list_pages(&api, namespace == ALL_NAMESPACES, |s| {
                 Projected::Service(ServiceProjection::from_service(s))
             })
             .await
         }
         (Need::Typed, "", "persistentvolumeclaims") => {
-            let api = scoped_api::<PersistentVolumeClaim>(client, namespace);
+            let api = scoped_api::<PersistentVolumeClaim>(client, route, namespace);
             list_pages(&api, namespace == ALL_NAMESPACES, |c| {
                 Projected::Pvc(held(c, PvcProjection::from_pvc(c, interner)))
             })
             .await
         }
         (Need::Typed, "resource.k8s.io", "resourceclaims") => {
-            let api = scoped_api::<ResourceClaim>(client, namespace);
+            let api = scoped_api::<ResourceClaim>(client, route, namespace);
             list_pages(&api, namespace == ALL_NAMESPACES, |c| {
                 Projected::Claim(ClaimProjection::from_claim(c, interner, &crate::object_id))
             })
             .await
         }
         (Need::Typed, "resource.k8s.io", "deviceclasses") => {
-            let api: Api<DeviceClass> = Api::all(client.clone());
+            let api: Api<Routed<DeviceClass>> = routed_api(client, route, None, ());
             list_pages(&api, true, device_class).await
         }
         _ => {
-            let resource = api_resource(served);
-            let api: Api<PartialObjectMeta<DynamicObject>> = if namespace == ALL_NAMESPACES {
-                Api::all_with(client.clone(), &resource)
-            } else {
-                Api::namespaced_with(client.clone(), namespace, &resource)
-            };
             let all = namespace == ALL_NAMESPACES;
+            let api: Api<Routed<DynamicObject>> =
+                routed_api(client, route, (!all).then_some(namespace), api_resource(served));
             let mut out = Vec::new();
             let mut params = ListParams::default().limit(500);
             loop {
@@ -333,16 +346,16 @@ pub async fn list_namespace(
 }
 
 /// The API of `namespace`, or of the whole cluster for [`ALL_NAMESPACES`].
-fn scoped_api<K>(client: &Client, namespace: &str) -> Api<K>
+fn scoped_api<K>(client: &Client, route: &Route, namespace: &str) -> Api<Routed<K>>
 where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-    <K as Resource>::DynamicType: Default,
+    K: Resource<DynamicType = ()>,
 {
-    if namespace == ALL_NAMESPACES {
-        Api::all(client.clone())
-    } else {
-        Api::namespaced(client.clone(), namespace)
-    }
+    routed_api(
+        client,
+        route,
+        (namespace != ALL_NAMESPACES).then_some(namespace),
+        (),
+    )
 }
 
 /// An object's name as its partition identifies it: `<namespace>/<name>` in the
@@ -356,18 +369,19 @@ pub fn listed_name(object: &impl Resource, all: bool) -> String {
 }
 
 async fn list_pages<K>(
-    api: &Api<K>,
+    api: &Api<Routed<K>>,
     all: bool,
     project: impl Fn(&K) -> Projected,
 ) -> kube::Result<Vec<(String, Projected)>>
 where
     K: Resource + Clone + DeserializeOwned + fmt::Debug,
+    K::DynamicType: Send + Sync + 'static,
 {
     let mut out = Vec::new();
     let mut params = ListParams::default().limit(500);
     loop {
         let page = api.list(&params).await?;
-        out.extend(page.items.iter().map(|o| (listed_name(o, all), project(o))));
+        out.extend(page.items.iter().map(|o| (listed_name(&o.0, all), project(&o.0))));
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),
             None => return Ok(out),

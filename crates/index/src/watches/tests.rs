@@ -553,3 +553,55 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn forgetting_a_cluster_stops_its_watches_releases_their_partitions_and_tells_the_hub() {
+    let mut e = engine();
+    let other = ClusterName::new("other");
+    e.discovered(&other, vec![ServedResource::core_for_tests("configmaps")], &[]);
+    let mut w = Watches::new(settings(Mode::Lazy, 8), true, ids());
+    let mut out = add_quota(&mut w, &mut e, "a", "q", &["count/configmaps", "count/secrets"]);
+    let update = e.apply_quota(QuotaKey::new(&other, "a", "q"), &quota(&["count/configmaps"]));
+    for change in update.changes {
+        w.sync(&mut e, &change.cluster, &change.resource, &not_shared, &mut out);
+    }
+    assert_eq!(started(&out).len(), 3, "{out:?}");
+    let mut out = Vec::new();
+    w.forget_cluster(&mut e, &cluster(), &not_shared, &mut out);
+    let stopped: BTreeSet<String> = out
+        .iter()
+        .filter_map(|a| match a {
+            Action::Stop { key, .. } => Some(key.resource.object_count_name()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        stopped,
+        BTreeSet::from(["count/configmaps".to_owned(), "count/secrets".to_owned()])
+    );
+    let demand_off = out
+        .iter()
+        .filter(|a| matches!(a, Action::Demand { cluster: c, count: false, .. } if c == &cluster()))
+        .count();
+    assert_eq!(
+        demand_off, 2,
+        "the hub hears both types are no longer wanted: {out:?}"
+    );
+    assert!(!e.resolver.knows(&cluster()), "discovery forgotten");
+    assert_eq!(w.iter().count(), 1, "the other cluster's watch runs on");
+    assert!(
+        w.iter().all(|(k, _)| k.cluster == other),
+        "only the other cluster's watch is left"
+    );
+    let held = e.held_by_resource();
+    assert_eq!(held.values().map(|(objects, _)| objects).sum::<usize>(), 0);
+    let mut out = Vec::new();
+    let update = e.apply_quota(QuotaKey::new(&cluster(), "b", "q"), &quota(&["count/configmaps"]));
+    for change in update.changes {
+        w.sync(&mut e, &change.cluster, &change.resource, &not_shared, &mut out);
+    }
+    assert!(
+        started(&out).is_empty(),
+        "a forgotten cluster's quotas start nothing until it is discovered again"
+    );
+}
