@@ -12,8 +12,13 @@
 //! `crates/index/src/watches.rs` (unit and property tests, no IO); this file opens and
 //! closes streams and lists, writes status and Events, and counts metrics.
 //!
+//! One controller serves one cluster, or on kcp every logical cluster of a shard that has a
+//! quota ([`Controller::for_shard`]: quotas, CRDs, APIBindings and LogicalClusters from wildcard
+//! watches; each served cluster a [`Member`] and map entries in the engine and watch set;
+//! every request through one client of the shard's root, routed by path).
+//!
 //! Everything mutable lives in [`Controller`] and is touched only by its `run` loop: no locks.
-//! The only other tasks are hyper's, one per open connection. Metrics and readiness ask the
+//! The only other tasks are hyper's, one per open connection, and the client's request buffer. Metrics and readiness ask the
 //! loop for a [`Snapshot`] through a [`SnapshotHandle`]; gauges are computed then, at scrape
 //! time, not on every event.
 

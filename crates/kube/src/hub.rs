@@ -1,6 +1,6 @@
 //! kcp: one shared wildcard watch per resource type when many logical clusters need it.
 //!
-//! Each engaged logical cluster's controller tells the hub which types it watches for counts.
+//! The shard's engine tells the hub which types each served logical cluster watches for counts.
 //! Below `threshold` clusters a type is watched per cluster, as anywhere else. From
 //! `threshold` clusters on, the hub runs **one** metadata-only wildcard watch of the type for
 //! the whole shard (`<shard>/clusters/*/...`) and hands each controller its share, picked by the
