@@ -173,27 +173,31 @@ async fn snapshots(admin: &Admin, skip_stopped: bool) -> Option<Vec<Snapshot>> {
     Some(all)
 }
 
-async fn metrics(State(admin): State<Admin>, headers: HeaderMap) -> Response {
-    if let Some(auth) = &admin.auth {
-        let header = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
-        match auth.check(header, "/metrics").await {
-            Decision::Allowed => {}
-            Decision::Unauthenticated => {
-                return (StatusCode::UNAUTHORIZED, "Unauthorized\n").into_response();
-            }
-            Decision::Forbidden(user) => {
-                tracing::debug!(%user, "forbidden: /metrics");
-                let body = format!("forbidden: user {user:?} cannot get path \"/metrics\"\n");
-                return (StatusCode::FORBIDDEN, body).into_response();
-            }
-            Decision::Unavailable => {
-                return (
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "authentication or authorization unavailable\n",
-                )
-                    .into_response();
-            }
+/// With delegated auth on, the refusal of a request for `path` (None: allowed, or auth off).
+async fn refused(admin: &Admin, headers: &HeaderMap, path: &str) -> Option<Response> {
+    let auth = admin.auth.as_ref()?;
+    let header = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
+    match auth.check(header, path).await {
+        Decision::Allowed => None,
+        Decision::Unauthenticated => Some((StatusCode::UNAUTHORIZED, "Unauthorized\n").into_response()),
+        Decision::Forbidden(user) => {
+            tracing::debug!(%user, path, "forbidden");
+            let body = format!("forbidden: user {user:?} cannot get path \"{path}\"\n");
+            Some((StatusCode::FORBIDDEN, body).into_response())
         }
+        Decision::Unavailable => Some(
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "authentication or authorization unavailable\n",
+            )
+                .into_response(),
+        ),
+    }
+}
+
+async fn metrics(State(admin): State<Admin>, headers: HeaderMap) -> Response {
+    if let Some(refusal) = refused(&admin, &headers, "/metrics").await {
+        return refusal;
     }
     if let Some(all) = snapshots(&admin, true).await
         && !all.is_empty()
@@ -202,6 +206,37 @@ async fn metrics(State(admin): State<Admin>, headers: HeaderMap) -> Response {
     }
     admin.observe_process();
     admin.metrics.encode().into_response()
+}
+
+/// What the running controllers watch and why (`lazyquota explain -o json`'s report, from the
+/// running engine, with each type's open watches); `?cluster=NAME` for one served cluster.
+/// Behind the same auth as /metrics: it names tenants' namespaces and quotas.
+async fn debug_explain(State(admin): State<Admin>, headers: HeaderMap, uri: axum::http::Uri) -> Response {
+    if let Some(refusal) = refused(&admin, &headers, "/debug/explain").await {
+        return refusal;
+    }
+    let handles = admin.controllers.borrow().clone();
+    let mut reports = Vec::new();
+    for handle in handles {
+        match tokio::time::timeout(SNAPSHOT_TIMEOUT, handle.explain()).await {
+            Ok(Some(part)) => reports.extend(part),
+            _ => {
+                return (StatusCode::SERVICE_UNAVAILABLE, "a controller did not answer\n").into_response();
+            }
+        }
+    }
+    let cluster = uri
+        .query()
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .find_map(|pair| pair.strip_prefix("cluster="));
+    if let Some(cluster) = cluster {
+        reports.retain(|r| r.cluster == cluster);
+    }
+    match serde_json::to_vec_pretty(&reports) {
+        Ok(body) => ([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")).into_response(),
+    }
 }
 
 async fn readyz(State(admin): State<Admin>) -> (StatusCode, String) {
@@ -248,6 +283,7 @@ fn router(admin: Admin) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/debug/explain", get(debug_explain))
         .with_state(admin)
 }
 

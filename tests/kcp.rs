@@ -504,6 +504,61 @@ async fn logical_clusters_share_one_wildcard_watch_of_a_bound_type() {
     };
     assert_eq!(sources("2"), ["shared", "shared"], "explain agrees with the run");
     assert_eq!(sources("3"), ["own", "own"], "below a higher threshold");
+    // The running engine answers the same at /debug/explain, from its own state, and shows the
+    // open watches: each cluster's share of the one shared watch, synced.
+    let out = lazyquota_cli(
+        shard,
+        &["explain", "-o", "json", "--kcp-shared-watch-threshold", "2"],
+    );
+    let offline: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let (status, body) = process.get("/debug/explain").await.expect("/debug/explain");
+    assert_eq!(status, 200, "{body}");
+    let live: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let by_cluster = |reports: &serde_json::Value| -> BTreeMap<String, serde_json::Value> {
+        reports
+            .as_array()
+            .expect("a list")
+            .iter()
+            .map(|r| {
+                let resource = r["resources"]
+                    .as_array()
+                    .expect("resources")
+                    .iter()
+                    .find(|x| x["resource"] == key.as_str())
+                    .cloned()
+                    .unwrap_or_default();
+                (r["cluster"].as_str().unwrap_or_default().to_owned(), resource)
+            })
+            .collect()
+    };
+    let (offline, live) = (by_cluster(&offline), by_cluster(&live));
+    assert_eq!(
+        live.keys().collect::<Vec<_>>(),
+        offline.keys().collect::<Vec<_>>(),
+        "the same clusters"
+    );
+    for (cluster, ours) in &live {
+        let theirs = &offline[cluster];
+        for field in [
+            "version",
+            "watch",
+            "scope",
+            "scope_reason",
+            "namespaces",
+            "quotas",
+            "source",
+        ] {
+            assert_eq!(
+                ours[field], theirs[field],
+                "{cluster}: {field} differs: {ours} vs {theirs}"
+            );
+        }
+        assert_eq!(
+            ours["running"],
+            serde_json::json!(["team (synced, shared)"]),
+            "{cluster}: its open watch, served by the shared one"
+        );
+    }
     // c2 joins the running shared watch: it lists its own share and takes only newer events.
     quotas(c(2))
         .create(&pp, &quota("q", &[(&key, "10")]))

@@ -56,7 +56,7 @@ use lazyquota_index::{
     watches::{Action, Watches},
 };
 use lazyquota_quota::{FeatureGates, Interner, StatusDecision};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 pub use crate::snapshot::{QuotaKeyUsage, Snapshot, SnapshotHandle, WatchInfo};
@@ -248,7 +248,7 @@ pub struct Controller {
     fills: FuturesUnordered<BoxFuture<'static, FillResult>>,
     /// Events being published (polled by the loop; at most [`MAX_PENDING_EVENTS`]).
     events: FuturesUnordered<BoxFuture<'static, ()>>,
-    requests: mpsc::Receiver<oneshot::Sender<Snapshot>>,
+    requests: mpsc::Receiver<crate::snapshot::Request>,
     /// kcp: the shard's shared wildcard watches.
     hub: Option<crate::hub::Hub>,
 }
@@ -416,9 +416,14 @@ impl Controller {
                 Some((key, namespace, listed)) = self.fills.next(), if !self.fills.is_empty() => {
                     self.on_fill(&key, &namespace, listed);
                 }
-                Some(reply) = self.requests.recv() => {
-                    let _ = reply.send(self.snapshot());
-                }
+                Some(request) = self.requests.recv() => match request {
+                    crate::snapshot::Request::Snapshot(reply) => {
+                        let _ = reply.send(self.snapshot());
+                    }
+                    crate::snapshot::Request::Explain(reply) => {
+                        let _ = reply.send(self.explain());
+                    }
+                },
             }
         };
 
@@ -1228,6 +1233,53 @@ impl Controller {
 }
 
 impl Controller {
+    /// The explain report of every served cluster from this engine (the planner's answer, as
+    /// `lazyquota explain` gives it), with each type's open watches and, on kcp, whether the
+    /// shard's shared watch or the cluster's own serves it now.
+    fn explain(&self) -> Vec<crate::report::Explain> {
+        let settings = Self::plan_settings(&self.config);
+        let mut reports = Vec::with_capacity(self.members.len());
+        for (cluster, member) in &self.members {
+            let mut report = crate::report::explain_engine(&self.engine, &settings, cluster, None);
+            report.workspace.clone_from(&member.workspace);
+            for resource in &mut report.resources {
+                let open: Vec<(&WatchKey, &lazyquota_index::watches::Running)> = self
+                    .watches
+                    .iter()
+                    .filter(|(k, _)| &k.cluster == cluster && &k.resource == resource.group_resource())
+                    .collect();
+                resource.running = open
+                    .iter()
+                    .map(|(key, running)| {
+                        let scope = key.namespace.as_deref().unwrap_or("cluster-wide");
+                        let state = match (&running.failure, running.synced) {
+                            (Some((reason, _)), _) => format!("failing: {reason}"),
+                            (None, true) => "synced".to_owned(),
+                            (None, false) => "listing".to_owned(),
+                        };
+                        let source = if running.shared { "shared" } else { "own" };
+                        format!("{scope} ({state}, {source})")
+                    })
+                    .collect();
+                if self.hub.is_some()
+                    && open
+                        .iter()
+                        .any(|(k, _)| k.need == lazyquota_index::keys::Need::Count)
+                {
+                    let shared = open.iter().any(|(_, r)| r.shared);
+                    resource.source = Some(if shared { "shared" } else { "own" });
+                    resource.source_reason = Some(if shared {
+                        "the shard's shared wildcard watch serves it now".to_owned()
+                    } else {
+                        "a watch of this logical cluster's own: the hub does not share the type now (too few logical clusters count it)".to_owned()
+                    });
+                }
+            }
+            reports.push(report);
+        }
+        reports
+    }
+
     /// Every quota key's stored `used` and its `hard`, in units.
     fn quota_usage(&self) -> Vec<QuotaKeyUsage> {
         let units = |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| {

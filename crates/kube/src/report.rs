@@ -182,6 +182,10 @@ pub struct WatchedResource {
     /// `--kcp-shared-watch-threshold`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source_reason: Option<String>,
+    /// A running controller's answer (`/debug/explain`): its open watches of the type, each
+    /// as `<scope> (synced|listing|failing: reason, own|shared)`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub running: Vec<String>,
     /// The type itself, and whether its planned watches count only (the hub's demand).
     #[serde(skip)]
     group_resource: GroupResource,
@@ -219,8 +223,6 @@ pub async fn explain(
     settings: PlanSettings,
     kcp: bool,
 ) -> Result<Explain, Error> {
-    let gates = settings.gates;
-    let cluster = cluster.clone();
     let discovered = discover(client, &crate::route::Route::direct())
         .await
         .map_err(Error::Discovery)?;
@@ -229,22 +231,38 @@ pub async fn explain(
         .iter()
         .map(|s| (s.resource.clone(), s.clone()))
         .collect();
-    let (engine, quotas) = load_with(client, &cluster, None, gates, discovered, false, kcp).await?;
+    let (engine, _) = load_with(client, cluster, None, settings.gates, discovered, false, kcp).await?;
+    Ok(explain_engine(&engine, &settings, cluster, Some(&served_all)))
+}
+
+/// The explain report of `cluster` from an engine's state: what [`explain`] prints, and what a
+/// running controller answers at `/debug/explain` from its own engine (`served_all`: every type
+/// discovery returned, quotable or not, to say why a pending one is pending; `None` when only
+/// the engine's quotable types are known).
+#[must_use]
+pub fn explain_engine(
+    engine: &Engine,
+    settings: &PlanSettings,
+    cluster: &ClusterName,
+    served_all: Option<&BTreeMap<GroupResource, ServedResource>>,
+) -> Explain {
+    let gates = settings.gates;
+    let c = cluster;
     let mut resources = Vec::new();
-    let c = &cluster;
-    for resource in planner::considered(&engine, &settings, c) {
-        let why = planner::why(&engine, &settings, c, &resource);
-        let pending = why.served.is_none().then(|| match served_all.get(&resource) {
-            None => "not served by the apiserver (yet): its watch starts when discovery sees it".to_owned(),
-            Some(s) if !s.namespaced && !s.context() => {
+    for resource in planner::considered(engine, settings, c) {
+        let why = planner::why(engine, settings, c, &resource);
+        let pending = why.served.is_none().then(|| match served_all.map(|all| all.get(&resource)) {
+            None => "not served as a quotable type by the last discovery".to_owned(),
+            Some(None) => "not served by the apiserver (yet): its watch starts when discovery sees it".to_owned(),
+            Some(Some(s)) if !s.namespaced && !s.context() => {
                 "cluster-scoped: quota counts only namespaced resources".to_owned()
             }
-            Some(s) if s.context() => "not listable and watchable".to_owned(),
-            Some(s) if !s.quotable() => format!(
+            Some(Some(s)) if s.context() => "not listable and watchable".to_owned(),
+            Some(Some(s)) if !s.quotable() => format!(
                 "not quotable: verbs {:?} lack one of create, list, watch, delete, or upstream ignores it",
                 s.verbs
             ),
-            Some(_) => "not quotable".to_owned(),
+            Some(Some(_)) => "not quotable".to_owned(),
         });
         let mut demanding = Vec::new();
         for (key, entry) in engine.index.quotas() {
@@ -277,30 +295,24 @@ pub async fn explain(
             pending,
             source: None,
             source_reason: None,
+            running: Vec::new(),
             counted: why.watches.iter().any(|w| w.need == Need::Count),
             group_resource: resource,
         });
     }
     let mut never_computed = Vec::new();
     let mut always_zero = Vec::new();
-    for quota in &quotas {
-        let (Some(spec), ns, name) = (
-            quota.spec.as_ref(),
-            quota.namespace().unwrap_or_default(),
-            quota.name_any(),
-        ) else {
-            continue;
-        };
-        let parsed = lazyquota_quota::QuotaSpec::from_resource_quota(quota);
-        for key in spec.hard.iter().flat_map(|h| h.keys()) {
-            if replenished_by(key, gates).is_empty() {
-                never_computed.push(format!("{ns}/{name}: {key}"));
-            } else if needs(key, &parsed.scopes, gates).is_empty() {
-                always_zero.push(format!("{ns}/{name}: {key}"));
+    for (key, entry) in engine.index.quotas().filter(|(k, _)| &k.cluster == c) {
+        let spec = &entry.payload.spec;
+        for hard in &spec.hard_keys {
+            if replenished_by(hard, gates).is_empty() {
+                never_computed.push(format!("{}/{}: {hard}", key.namespace, key.name));
+            } else if needs(hard, &spec.scopes, gates).is_empty() {
+                always_zero.push(format!("{}/{}: {hard}", key.namespace, key.name));
             }
         }
     }
-    Ok(Explain {
+    Explain {
         cluster: cluster.to_string(),
         workspace: None,
         resources,
@@ -308,7 +320,15 @@ pub async fn explain(
         always_zero,
         release: format!("1.{}", gates.minor),
         gates: gates.describe(),
-    })
+    }
+}
+
+impl WatchedResource {
+    /// The type this entry is about.
+    #[must_use]
+    pub fn group_resource(&self) -> &GroupResource {
+        &self.group_resource
+    }
 }
 
 /// kcp: which of the shard's types one shared wildcard watch would serve, from every engaged

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::watch::WatchKey;
+use crate::{report::Explain, watch::WatchKey};
 
 /// What the controller reports to metrics, readiness, `explain` and tests.
 #[derive(Clone, Debug, Default)]
@@ -111,20 +111,38 @@ pub struct WatchInfo {
     pub id: u64,
 }
 
-/// Asks a running controller for a [`Snapshot`].
+/// What a running controller is asked.
+#[derive(Debug)]
+pub(crate) enum Request {
+    /// Its state now.
+    Snapshot(oneshot::Sender<Snapshot>),
+    /// Its explain report of every cluster it serves (`/debug/explain`).
+    Explain(oneshot::Sender<Vec<Explain>>),
+}
+
+/// Asks a running controller for a [`Snapshot`] or its explain report.
 #[derive(Clone, Debug)]
-pub struct SnapshotHandle(mpsc::Sender<oneshot::Sender<Snapshot>>);
+pub struct SnapshotHandle(mpsc::Sender<Request>);
 
 impl SnapshotHandle {
     /// A handle whose requests arrive on the controller's side of `requests`.
-    pub(crate) fn new(requests: mpsc::Sender<oneshot::Sender<Snapshot>>) -> Self {
+    pub(crate) fn new(requests: mpsc::Sender<Request>) -> Self {
         Self(requests)
     }
 
     /// The controller's state now; `None` once the controller has stopped.
     pub async fn get(&self) -> Option<Snapshot> {
         let (tx, rx) = oneshot::channel();
-        self.0.send(tx).await.ok()?;
+        self.0.send(Request::Snapshot(tx)).await.ok()?;
+        rx.await.ok()
+    }
+
+    /// What the controller watches now and why, per served cluster: the same report as
+    /// `lazyquota explain`, from the running engine, with each type's open watches; `None` once
+    /// the controller has stopped.
+    pub async fn explain(&self) -> Option<Vec<Explain>> {
+        let (tx, rx) = oneshot::channel();
+        self.0.send(Request::Explain(tx)).await.ok()?;
         rx.await.ok()
     }
 }
