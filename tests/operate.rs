@@ -720,3 +720,69 @@ async fn http2_streams_spread_over_connections_at_the_per_connection_limit() {
     }
     ns.delete().await.expect("delete namespace");
 }
+
+/// A server that allows fewer concurrent HTTP/2 streams on one connection than lazyquota's
+/// share (the Compacting control plane's apiserver: 8, against the default 64). hyper would
+/// queue every request beyond the server's limit on the one connection, behind watches that
+/// never end; lazyquota reads the server's limit at start and opens a new connection every 6
+/// streams, so its 19 watches (16 namespaces' configmaps, quotas, CRDs, APIServices) all run
+/// and every status write goes through.
+#[tokio::test]
+async fn a_server_allowing_fewer_streams_than_our_share_gets_more_connections_and_nothing_queues() {
+    let cp = ControlPlane::get(Flavor::Compacting);
+    let port = cp
+        .config()
+        .await
+        .expect("config")
+        .cluster_url
+        .port_u16()
+        .expect("apiserver port");
+    let mut namespaces = Vec::new();
+    for _ in 0..16 {
+        let ns = TestNamespace::create(Flavor::Compacting, "streams")
+            .await
+            .expect("namespace");
+        ns.api::<ResourceQuota>()
+            .create(&PostParams::default(), &quota("q", &[("count/configmaps", "10")]))
+            .await
+            .expect("quota");
+        namespaces.push(ns);
+    }
+    let process = Lazyquota::start(cp.kubeconfig(), &["--namespace-watch-threshold", "100"]);
+    let pid = process.child.id();
+    for ns in &namespaces {
+        // The value is the namespace's configmaps (KCM publishes kube-root-ca.crt in each);
+        // what matters here is that the status write went through at all.
+        let written = eventually(WAIT, || async {
+            let used = ns.api::<ResourceQuota>().get("q").await.ok()?.status?.used?;
+            used.contains_key("count/configmaps").then_some(())
+        })
+        .await;
+        assert!(
+            written.is_some(),
+            "{}: status written (no request queued behind the watches); log:\n{}",
+            ns.name(),
+            process.log()
+        );
+    }
+    let connections = eventually(WAIT, || async {
+        let n = lazyquota_testenv::established_connections(pid, port);
+        (n >= 4).then_some(n)
+    })
+    .await;
+    assert!(
+        connections.is_some(),
+        "19 streams at 6 a connection: at least 4 connections, saw {}",
+        lazyquota_testenv::established_connections(pid, port)
+    );
+    assert!(
+        process
+            .log()
+            .contains("the server allows fewer HTTP/2 streams per connection"),
+        "the lowered share is logged"
+    );
+    drop(process);
+    for ns in namespaces {
+        ns.delete().await.expect("delete namespace");
+    }
+}

@@ -121,6 +121,33 @@ fn build(config: Config, transport: Transport) -> Result<Client, kube::Error> {
     pool.client(config)
 }
 
+/// How many concurrent streams the server at `uri` allows on one HTTP/2 connection
+/// (`SETTINGS_MAX_CONCURRENT_STREAMS`), asked on a connection of its own that is closed after:
+/// the HTTP/2 handshake and one PING, whose answer comes after the server's SETTINGS. `None`
+/// when the server does not speak HTTP/2 (ALPN chose HTTP/1.1), or does not answer within 10 s.
+/// No request is sent, so no credentials are needed.
+async fn server_max_streams(
+    connector: hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    uri: http::Uri,
+) -> Option<usize> {
+    use tower::ServiceExt as _;
+    let ask = async {
+        let io = connector.oneshot(uri).await.ok()?;
+        let (send, mut connection) = h2::client::handshake(hyper_util::rt::TokioIo::new(io))
+            .await
+            .ok()?;
+        let mut pinger = connection.ping_pong()?;
+        tokio::select! {
+            _ = &mut connection => None,
+            answer = pinger.ping(h2::Ping::opaque()) => answer.ok().map(|_| send.current_max_send_streams()),
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), ask)
+        .await
+        .ok()
+        .flatten()
+}
+
 type Hyper = hyper_util::client::legacy::Client<
     hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
     kube::client::Body,
@@ -175,8 +202,26 @@ impl Pool {
             .http2_keep_alive_interval(std::time::Duration::from_secs(30))
             .http2_keep_alive_timeout(std::time::Duration::from_secs(10))
             .http2_keep_alive_while_idle(true);
+        let probe = https.clone();
+        let spread = Spread::new(per_connection, move || builder.build(https.clone()));
+        if matches!(transport, Transport::Http2 { .. })
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            // One task, once: the streams opened before it answers (a round trip) use the
+            // configured share.
+            let (spread, uri) = (spread.clone(), config.cluster_url.clone());
+            runtime.spawn(async move {
+                if let Some(server_max) = server_max_streams(probe, uri.clone()).await {
+                    let share = spread.limit_to(server_max);
+                    tracing::debug!(server = %uri, server_max, share, "the server's HTTP/2 stream limit");
+                    if share < per_connection {
+                        tracing::info!(server = %uri, server_max, share, "the server allows fewer HTTP/2 streams per connection than --http2-streams-per-connection: a new connection opens every {share} streams");
+                    }
+                }
+            });
+        }
         Ok(Self {
-            hyper: Spread::new(per_connection, move || builder.build(https.clone())),
+            hyper: spread,
             deadlines: Deadlines::default(),
         })
     }

@@ -10,7 +10,10 @@
 //! streams it has opened on each connection itself and opens another connection (another
 //! hyper client, so another pool) when every one carries `streams_per_connection`. The
 //! default, [`DEFAULT_STREAMS_PER_CONNECTION`], stays well below the smallest server default
-//! we know, leaving room for streams the server has not yet seen closed.
+//! we know, leaving room for streams the server has not yet seen closed. A server configured
+//! lower (kube-apiserver's `--http2-max-streams-per-connection`) is asked once, at start, on a
+//! connection of its own (`crate::client`'s probe reads its SETTINGS); [`Spread::limit_to`]
+//! then lowers the share to three quarters of what it allows.
 //!
 //! A stream is counted from the request until its response body is dropped (for a watch: the
 //! watch's end). Connections are never handed back: their number follows the most streams
@@ -44,7 +47,8 @@ type Make<C> = Arc<dyn Fn() -> C + Send + Sync>;
 pub struct Spread<C> {
     lanes: Arc<Mutex<Vec<Lane<C>>>>,
     make: Make<C>,
-    per_connection: usize,
+    /// Streams per connection now: the configured share, or less once the server said so.
+    per_connection: Arc<AtomicUsize>,
 }
 
 impl<C> Clone for Spread<C> {
@@ -52,7 +56,7 @@ impl<C> Clone for Spread<C> {
         Self {
             lanes: self.lanes.clone(),
             make: self.make.clone(),
-            per_connection: self.per_connection,
+            per_connection: self.per_connection.clone(),
         }
     }
 }
@@ -68,8 +72,17 @@ impl<C: Clone> Spread<C> {
         Self {
             lanes: Arc::new(Mutex::new(Vec::new())),
             make: Arc::new(make),
-            per_connection: per_connection.max(1),
+            per_connection: Arc::new(AtomicUsize::new(per_connection.max(1))),
         }
+    }
+
+    /// The server allows `server_max` concurrent streams per connection: from now on at most
+    /// three quarters of that go on one connection (room for streams the server has not yet
+    /// seen closed), if that is below the configured share. Returns the share now.
+    pub fn limit_to(&self, server_max: usize) -> usize {
+        let cap = (server_max - server_max / 4).max(1);
+        let before = self.per_connection.fetch_min(cap, Ordering::Relaxed);
+        before.min(cap)
     }
 
     /// The first client with room for one more stream (a new one if none has), and the
@@ -79,9 +92,10 @@ impl<C: Clone> Spread<C> {
             .lanes
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let per_connection = self.per_connection.load(Ordering::Relaxed);
         let free = lanes
             .iter()
-            .position(|l| l.streams.load(Ordering::Relaxed) < self.per_connection);
+            .position(|l| l.streams.load(Ordering::Relaxed) < per_connection);
         let i = free.unwrap_or_else(|| {
             lanes.push(Lane {
                 client: (self.make)(),
@@ -223,5 +237,19 @@ mod tests {
         drop(next);
         drop(open);
         assert_eq!(s.streams(), vec![0, 0, 0]);
+    }
+
+    #[tokio::test]
+    async fn a_server_allowing_fewer_streams_lowers_the_share_to_three_quarters_of_its_limit() {
+        let mut s = spread(64);
+        assert_eq!(s.limit_to(100), 64, "a higher server limit changes nothing");
+        assert_eq!(s.limit_to(8), 6);
+        assert_eq!(s.limit_to(1), 1, "at least one");
+        assert_eq!(s.limit_to(100), 1, "never raised again");
+        let mut open = Vec::new();
+        for _ in 0..3 {
+            open.push(s.call(Request::new(())).await.unwrap());
+        }
+        assert_eq!(s.streams(), vec![1, 1, 1]);
     }
 }

@@ -96,9 +96,11 @@ pub enum Flavor {
     /// As [`Flavor::LazyquotaOnly`], plus two more kube-apiservers sharing etcd under their
     /// own prefixes: three clusters, contexts `cluster-0..2` of [`ControlPlane::clusters_kubeconfig`].
     MultiCluster,
-    /// As [`Flavor::LazyquotaOnly`], with the apiserver's watch cache off: every watch is served
-    /// by etcd, so a watch resumed at a compacted revision gets `410 Gone` and relists — the
-    /// harshest form of watch expiry, for compaction tests ([`ControlPlane::compact_etcd`]).
+    /// As [`Flavor::LazyquotaOnly`], with a harsh apiserver: its watch cache off, so every watch
+    /// is served by etcd and a watch resumed at a compacted revision gets `410 Gone` and relists
+    /// — the harshest form of watch expiry, for compaction tests ([`ControlPlane::compact_etcd`]);
+    /// and at most 8 concurrent HTTP/2 streams per connection (`--http2-max-streams-per-connection`,
+    /// below lazyquota's default share of 64).
     Compacting,
 }
 
@@ -137,7 +139,7 @@ impl Flavor {
 
     fn apiserver_args(self) -> &'static str {
         match self {
-            Self::Compacting => "--watch-cache=false",
+            Self::Compacting => "--watch-cache=false --http2-max-streams-per-connection=8",
             Self::KcmQuota | Self::LazyquotaOnly | Self::MultiCluster => "",
         }
     }
