@@ -188,7 +188,11 @@ pub struct Engine {
     pub index: PolicyIndex<QuotaState>,
     /// What each cluster serves.
     pub resolver: Resolver,
-    registries: HashMap<ClusterName, Registry>,
+    /// Per cluster, the quotable types discovery served once and serves no more: upstream
+    /// never removes an evaluator, so their keys are still computed. A cluster's evaluators
+    /// are the static ones, its quotable types now (the Resolver's) and these — built per
+    /// computation rather than kept per cluster (a kcp shard's engine serves many).
+    gone: HashMap<ClusterName, BTreeSet<GroupResource>>,
     counts: UsageStore<()>,
     pods: UsageStore<PodProjection>,
     services: UsageStore<ServiceProjection>,
@@ -237,7 +241,7 @@ impl Engine {
             kcp: false,
             index: PolicyIndex::new(gates),
             resolver: Resolver::new(),
-            registries: HashMap::new(),
+            gone: HashMap::new(),
             counts: UsageStore::new(),
             pods: UsageStore::new(),
             services: UsageStore::new(),
@@ -349,15 +353,40 @@ impl Engine {
         served: Vec<ServedResource>,
         failed_groups: &[String],
     ) -> Vec<ResolverChange> {
+        let before: BTreeSet<GroupResource> = self
+            .resolver
+            .quotable(cluster)
+            .map(|s| s.resource.clone())
+            .collect();
         let changes = self.resolver.replace(cluster, served, failed_groups);
-        let registry = self
-            .registries
-            .entry(cluster.clone())
-            .or_insert_with(|| Registry::new(self.gates));
-        for served in self.resolver.quotable(cluster) {
-            registry.add_discovered(served.resource.clone());
+        let gone = self.gone.entry(cluster.clone()).or_default();
+        for change in &changes {
+            match change {
+                ResolverChange::Gone(r) if before.contains(r) => {
+                    gone.insert(r.clone());
+                }
+                ResolverChange::Served(r) => {
+                    gone.remove(r);
+                }
+                _ => {}
+            }
+        }
+        if gone.is_empty() {
+            self.gone.remove(cluster);
         }
         changes
+    }
+
+    /// The evaluators of `cluster` (upstream's registry after `SyncMonitors`): the static ones,
+    /// and an object count for every quotable type its discovery has served. Before the first
+    /// discovery only the static ones exist, as in upstream.
+    fn registry(&self, cluster: &ClusterName) -> Registry {
+        let mut registry = Registry::new(self.gates);
+        let gone = self.gone.get(cluster).into_iter().flatten();
+        for resource in self.resolver.quotable(cluster).map(|s| &s.resource).chain(gone) {
+            registry.add_discovered(resource.clone());
+        }
+        registry
     }
 
     /// Forgets what discovery found in `cluster` (a kcp logical cluster no longer served):
@@ -365,7 +394,7 @@ impl Engine {
     /// status written. Its quotas stay (the quota watch keeps them current).
     pub fn forget_cluster(&mut self, cluster: &ClusterName) {
         self.resolver.remove_cluster(cluster);
-        self.registries.remove(cluster);
+        self.gone.remove(cluster);
     }
 
     // ---- partitions ------------------------------------------------------------------------
@@ -620,14 +649,7 @@ impl Engine {
     pub fn compute(&self, key: &QuotaKey, now: Time) -> Option<Computed> {
         let entry = self.index.get(key)?;
         let state = &entry.payload;
-        // Before the first discovery run only the static evaluators exist, as in upstream.
-        let fallback;
-        let registry = if let Some(registry) = self.registries.get(&key.cluster) {
-            registry
-        } else {
-            fallback = Registry::new(self.gates);
-            &fallback
-        };
+        let registry = self.registry(&key.cluster);
         let hard_keys: Vec<&str> = state.spec.hard_keys.iter().map(String::as_str).collect();
         // The DeviceClasses, when this quota reads them; `None` while they are not synced.
         let classes = if entry.demands().contains_key(&device_classes()) {
@@ -928,6 +950,32 @@ mod tests {
 
     fn served(resource: &str) -> ServedResource {
         ServedResource::core_for_tests(resource)
+    }
+
+    #[test]
+    fn a_type_that_is_no_longer_served_keeps_its_evaluator_as_upstream_never_removes_one() {
+        let cluster = ClusterName::new("c");
+        let mut engine = Engine::new(FeatureGates::default());
+        let widgets = ServedResource {
+            resource: GroupResource::new("example.io", "widgets"),
+            ..served("widgets")
+        };
+        let claimed = |engine: &Engine| {
+            !engine
+                .registry(&cluster)
+                .plan(&["count/widgets.example.io"])
+                .matched
+                .is_empty()
+        };
+        assert!(!claimed(&engine), "before discovery: only the static evaluators");
+        engine.discovered(&cluster, vec![served("configmaps"), widgets.clone()], &[]);
+        assert!(claimed(&engine), "discovered: an object-count evaluator");
+        engine.discovered(&cluster, vec![served("configmaps")], &[]);
+        assert!(claimed(&engine), "gone from discovery: the evaluator stays");
+        engine.discovered(&cluster, vec![served("configmaps"), widgets], &[]);
+        assert!(claimed(&engine), "served again");
+        engine.forget_cluster(&cluster);
+        assert!(!claimed(&engine), "a forgotten cluster starts over");
     }
 
     #[test]

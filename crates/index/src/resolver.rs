@@ -6,7 +6,10 @@
 //! version, supporting all of create, list, watch and delete, and not in the upstream ignored
 //! list (`DefaultIgnoredResources`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    sync::Arc,
+};
 
 use crate::{
     demand::is_cluster_wide,
@@ -14,7 +17,7 @@ use crate::{
 };
 
 /// A served resource, as discovery reports it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ServedResource {
     /// API group and plural resource name.
     pub resource: GroupResource,
@@ -76,9 +79,17 @@ pub enum ResolverChange {
 }
 
 /// The resolver for all clusters.
+///
+/// Cost: a kcp shard's engine holds one entry per served cluster, and its workspaces mostly
+/// serve the same types, so each distinct [`ServedResource`] is kept once (interned) and a
+/// cluster holds a sorted list of pointers to them: 8 bytes per type it serves, instead of
+/// ~600 (strings and verbs) each.
 #[derive(Debug, Default)]
 pub struct Resolver {
-    clusters: HashMap<ClusterName, BTreeMap<GroupResource, ServedResource>>,
+    /// Per cluster, what it serves, sorted by resource.
+    clusters: HashMap<ClusterName, Vec<Arc<ServedResource>>>,
+    /// Every served resource some cluster holds, once.
+    interned: HashSet<Arc<ServedResource>>,
     /// kcp: cluster-scoped resources resolve too (its cluster-scoped quotas count them, e.g.
     /// `count/workspaces.tenancy.kcp.io`); upstream monitors namespaced resources only.
     cluster_scoped: bool,
@@ -117,13 +128,15 @@ impl Resolver {
             .filter(|s| s.quotable() || (cluster_scoped && s.countable()) || s.context())
             .map(|s| (s.resource.clone(), s))
             .collect();
-        for (resource, served) in &old {
+        for served in &old {
+            let resource = &served.resource;
             if failed_groups.iter().any(|g| g == &resource.group) && !new.contains_key(resource) {
-                new.insert(resource.clone(), served.clone());
+                new.insert(resource.clone(), (**served).clone());
             }
         }
         let mut changes = Vec::new();
-        for (resource, was) in &old {
+        for was in &old {
+            let resource = &was.resource;
             match new.get(resource) {
                 None => changes.push(ResolverChange::Gone(resource.clone())),
                 Some(now) if now.version != was.version || now.kind != was.kind => {
@@ -134,17 +147,42 @@ impl Resolver {
         }
         changes.extend(
             new.keys()
-                .filter(|r| !old.contains_key(*r))
+                .filter(|r| find(&old, r).is_none())
                 .cloned()
                 .map(ResolverChange::Served),
         );
-        self.clusters.insert(cluster.clone(), new);
+        // In the map's order: sorted by resource.
+        let held: Vec<Arc<ServedResource>> = new.into_values().map(|s| self.intern(s)).collect();
+        self.clusters.insert(cluster.clone(), held);
+        drop(old);
+        self.prune();
         changes
+    }
+
+    /// The one shared copy of `served`.
+    fn intern(&mut self, served: ServedResource) -> Arc<ServedResource> {
+        if let Some(held) = self.interned.get(&served) {
+            return held.clone();
+        }
+        let held = Arc::new(served);
+        self.interned.insert(held.clone());
+        held
+    }
+
+    /// Drops the copies no cluster holds any more.
+    fn prune(&mut self) {
+        self.interned.retain(|s| Arc::strong_count(s) > 1);
+    }
+
+    /// Distinct served resources held for all clusters (for tests and the heap bench).
+    pub fn distinct(&self) -> usize {
+        self.interned.len()
     }
 
     /// Forgets a cluster.
     pub fn remove_cluster(&mut self, cluster: &ClusterName) {
         self.clusters.remove(cluster);
+        self.prune();
     }
 
     /// Whether discovery has run at least once for `cluster`.
@@ -154,7 +192,7 @@ impl Resolver {
 
     /// The served, quotable resource, if any.
     pub fn get(&self, cluster: &ClusterName, resource: &GroupResource) -> Option<&ServedResource> {
-        self.clusters.get(cluster)?.get(resource)
+        find(self.clusters.get(cluster)?, resource)
     }
 
     /// Every quotable resource of a cluster (eager mode watches them all; each gets an
@@ -164,9 +202,17 @@ impl Resolver {
         self.clusters
             .get(cluster)
             .into_iter()
-            .flat_map(BTreeMap::values)
+            .flatten()
+            .map(|s| &**s)
             .filter(move |s| s.quotable() || (cluster_scoped && s.countable()))
     }
+}
+
+/// `resource` in a list sorted by resource.
+fn find<'a>(held: &'a [Arc<ServedResource>], resource: &GroupResource) -> Option<&'a ServedResource> {
+    held.binary_search_by(|s| s.resource.cmp(resource))
+        .ok()
+        .map(|i| &*held[i])
 }
 
 #[cfg(test)]
@@ -248,5 +294,32 @@ mod tests {
         );
         let gone = resolver.replace(&cluster, [served("", "pods", "v1")], &[]);
         assert_eq!(gone, vec![ResolverChange::Gone(widgets)]);
+    }
+
+    #[test]
+    fn clusters_serving_the_same_types_share_one_copy_until_none_holds_it() {
+        let (a, b) = (ClusterName::new("a"), ClusterName::new("b"));
+        let mut resolver = Resolver::new();
+        let common = || [served("", "pods", "v1"), served("", "secrets", "v1")];
+        resolver.replace(&a, common(), &[]);
+        resolver.replace(
+            &b,
+            common().into_iter().chain([served("x.io", "widgets", "v1")]),
+            &[],
+        );
+        assert_eq!(resolver.distinct(), 3, "pods and secrets once for both");
+        assert_eq!(
+            resolver
+                .get(&b, &GroupResource::new("x.io", "widgets"))
+                .map(|s| s.version.as_str()),
+            Some("v1")
+        );
+        assert!(resolver.get(&a, &GroupResource::new("x.io", "widgets")).is_none());
+        assert_eq!(resolver.quotable(&b).count(), 3);
+        resolver.replace(&b, common(), &[]);
+        assert_eq!(resolver.distinct(), 2, "widgets dropped with its last holder");
+        resolver.remove_cluster(&a);
+        resolver.remove_cluster(&b);
+        assert_eq!(resolver.distinct(), 0);
     }
 }
