@@ -9,6 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{APIGroupList, APIResourceLi
 use kube::Client;
 use kube::client::APIGroupDiscoveryList;
 use lazyquota_index::{keys::GroupResource, resolver::ServedResource};
+use futures::{StreamExt as _, TryStreamExt as _};
 use serde::de::DeserializeOwned;
 
 use crate::route::Route;
@@ -33,14 +34,27 @@ pub struct Discovered {
 /// known of it is kept rather than taken as gone.
 pub async fn discover(client: &Client, route: &Route) -> Result<Discovered, kube::Error> {
     let at = |path: &str| format!("{}{path}", route.prefix());
-    let groups = match aggregated(client, &at("/apis")).await {
-        Ok(Some(apis)) => match aggregated(client, &at("/api")).await? {
-            Some(core) => core.items.into_iter().chain(apis.items).collect::<Vec<_>>(),
-            None => return discover_per_group(client, route).await,
+    // Both at once; a server without aggregated discovery answers each with its legacy list,
+    // which the per-group walk then starts from (kcp answers every logical cluster's /api and
+    // /apis so: no round trip is spent asking again).
+    let (apis, core) = futures::future::join(
+        aggregated(client, &at("/apis")),
+        aggregated(client, &at("/api")),
+    )
+    .await;
+    let groups = match (apis, core) {
+        (Ok(Answer::Aggregated(apis)), core) => match core? {
+            Answer::Aggregated(core) => core.items.into_iter().chain(apis.items).collect::<Vec<_>>(),
+            Answer::Legacy(_) => return discover_per_group(client, route, None).await,
         },
-        // Servers older than 1.26 lack aggregated discovery (an error or a legacy answer);
-        // kcp answers every logical cluster's /api and /apis with the legacy lists.
-        Ok(None) | Err(_) => return discover_per_group(client, route).await,
+        (Ok(Answer::Legacy(apis)), Ok(Answer::Legacy(core))) => {
+            let legacy = serde_json::from_value(core)
+                .and_then(|core| Ok((core, serde_json::from_value(apis)?)))
+                .ok();
+            return discover_per_group(client, route, legacy).await;
+        }
+        // Servers older than 1.26 lack aggregated discovery (an error or a legacy answer).
+        _ => return discover_per_group(client, route, None).await,
     };
     let mut found = Discovered::default();
     for group in groups {
@@ -81,20 +95,28 @@ pub async fn discover(client: &Client, route: &Route) -> Result<Discovered, kube
 const ACCEPT_AGGREGATED: &str =
     "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
 
-/// The aggregated discovery document at `path` (`/api` or `/apis`), or `None` when the server
-/// answered with the legacy `APIVersions`/`APIGroupList` instead. That answer must not be read
-/// as an aggregated list: its `groups` are not `items`, so it would parse as "serves nothing".
-async fn aggregated(client: &Client, path: &str) -> Result<Option<APIGroupDiscoveryList>, kube::Error> {
+/// An answer to a discovery request sent with [`ACCEPT_AGGREGATED`].
+enum Answer {
+    /// The aggregated document.
+    Aggregated(APIGroupDiscoveryList),
+    /// The legacy `APIVersions` (`/api`) or `APIGroupList` (`/apis`), unparsed.
+    Legacy(serde_json::Value),
+}
+
+/// The discovery document at `path` (`/api` or `/apis`): aggregated, or the legacy list when
+/// the server answered with that instead. A legacy answer must not be read as an aggregated
+/// list: its `groups` are not `items`, so it would parse as "serves nothing".
+async fn aggregated(client: &Client, path: &str) -> Result<Answer, kube::Error> {
     let request = http::Request::get(path)
         .header(http::header::ACCEPT, ACCEPT_AGGREGATED)
         .body(Vec::new())
         .map_err(kube::Error::HttpError)?;
     let body: serde_json::Value = client.request(request).await?;
     if body.get("kind").and_then(serde_json::Value::as_str) != Some("APIGroupDiscoveryList") {
-        return Ok(None);
+        return Ok(Answer::Legacy(body));
     }
     serde_json::from_value(body)
-        .map(Some)
+        .map(Answer::Aggregated)
         .map_err(kube::Error::SerdeError)
 }
 
@@ -117,17 +139,24 @@ fn served_push(
 }
 
 /// The per-group walk (one request per group version), for servers without aggregated
-/// discovery: every version of every group, the preferred one first (ours rather than
+/// discovery (`legacy`: their `/api` and `/apis` answers, when already read): every version of
+/// every group, the preferred one first (ours rather than
 /// kube's `Discovery`, which cannot put a logical cluster's route in front of its paths).
-async fn discover_per_group(client: &Client, route: &Route) -> Result<Discovered, kube::Error> {
+async fn discover_per_group(
+    client: &Client,
+    route: &Route,
+    legacy: Option<(APIVersions, APIGroupList)>,
+) -> Result<Discovered, kube::Error> {
     let at = |path: &str| format!("{}{path}", route.prefix());
     let mut served = Vec::new();
-    let core: APIVersions = get(client, &at("/api")).await?;
+    let (core, groups): (APIVersions, APIGroupList) = match legacy {
+        Some(lists) => lists,
+        None => futures::future::try_join(get(client, at("/api")), get(client, at("/apis"))).await?,
+    };
     let mut group_versions: Vec<(String, Vec<String>)> = vec![(
         String::new(),
         core.versions.iter().map(|v| format!("/api/{v}")).collect(),
     )];
-    let groups: APIGroupList = get(client, &at("/apis")).await?;
     for group in groups.groups {
         let preferred = group.preferred_version.map(|p| p.group_version);
         let mut paths: Vec<String> = preferred.iter().map(|gv| format!("/apis/{gv}")).collect();
@@ -140,10 +169,19 @@ async fn discover_per_group(client: &Client, route: &Route) -> Result<Discovered
         );
         group_versions.push((group.name, paths));
     }
-    for (group, paths) in group_versions {
+    // Every group version at once (over HTTP/2, streams of one connection): the walk costs
+    // about one round trip more than /api and /apis, not one per group version — it is on the
+    // path from a new kcp workspace's first quota to its first status.
+    let lists: Vec<Vec<APIResourceList>> = futures::stream::iter(group_versions.iter())
+        .map(|(_, paths)| {
+            futures::future::try_join_all(paths.iter().map(|path| get::<APIResourceList>(client, at(path))))
+        })
+        .buffered(MAX_LISTS_AT_ONCE)
+        .try_collect()
+        .await?;
+    for ((group, _), lists) in group_versions.into_iter().zip(lists) {
         let mut seen = std::collections::BTreeSet::new();
-        for path in paths {
-            let list: APIResourceList = get(client, &at(&path)).await?;
+        for list in lists {
             let version = list
                 .group_version
                 .rsplit('/')
@@ -173,8 +211,11 @@ async fn discover_per_group(client: &Client, route: &Route) -> Result<Discovered
     })
 }
 
+/// Groups whose versions the per-group walk asks for at once.
+const MAX_LISTS_AT_ONCE: usize = 16;
+
 /// GETs `path` and reads it as `T`.
-async fn get<T: DeserializeOwned>(client: &Client, path: &str) -> Result<T, kube::Error> {
+async fn get<T: DeserializeOwned>(client: &Client, path: String) -> Result<T, kube::Error> {
     let request = http::Request::get(path)
         .body(Vec::new())
         .map_err(kube::Error::HttpError)?;
