@@ -5,11 +5,11 @@
 //! the per-group walk otherwise. There is no discovery watch in Kubernetes; the controller
 //! re-runs this when CustomResourceDefinitions or APIServices change, and on a slow poll.
 
+use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{APIGroupList, APIResourceList, APIVersions};
 use kube::Client;
 use kube::client::APIGroupDiscoveryList;
 use lazyquota_index::{keys::GroupResource, resolver::ServedResource};
-use futures::{StreamExt as _, TryStreamExt as _};
 use serde::de::DeserializeOwned;
 
 use crate::route::Route;
@@ -37,11 +37,8 @@ pub async fn discover(client: &Client, route: &Route) -> Result<Discovered, kube
     // Both at once; a server without aggregated discovery answers each with its legacy list,
     // which the per-group walk then starts from (kcp answers every logical cluster's /api and
     // /apis so: no round trip is spent asking again).
-    let (apis, core) = futures::future::join(
-        aggregated(client, &at("/apis")),
-        aggregated(client, &at("/api")),
-    )
-    .await;
+    let (apis, core) =
+        futures::future::join(aggregated(client, &at("/apis")), aggregated(client, &at("/api"))).await;
     let groups = match (apis, core) {
         (Ok(Answer::Aggregated(apis)), core) => match core? {
             Answer::Aggregated(core) => core.items.into_iter().chain(apis.items).collect::<Vec<_>>(),
@@ -172,10 +169,20 @@ async fn discover_per_group(
     // Every group version at once (over HTTP/2, streams of one connection): the walk costs
     // about one round trip more than /api and /apis, not one per group version — it is on the
     // path from a new kcp workspace's first quota to its first status.
-    let lists: Vec<Vec<APIResourceList>> = futures::stream::iter(group_versions.iter())
+    let requests: Vec<_> = group_versions
+        .iter()
         .map(|(_, paths)| {
-            futures::future::try_join_all(paths.iter().map(|path| get::<APIResourceList>(client, at(path))))
+            let gets: Vec<_> = paths
+                .iter()
+                .map(|path| {
+                    let (client, url) = (client.clone(), at(path));
+                    async move { get::<APIResourceList>(&client, url).await }
+                })
+                .collect();
+            futures::future::try_join_all(gets)
         })
+        .collect();
+    let lists: Vec<Vec<APIResourceList>> = futures::stream::iter(requests)
         .buffered(MAX_LISTS_AT_ONCE)
         .try_collect()
         .await?;
