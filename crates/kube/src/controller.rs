@@ -387,9 +387,11 @@ impl Controller {
                         None => std::future::pending().await,
                     }
                 } => self.on_shared_changed(),
-                Some(changed) = api_changes.next() => match changed {
-                    Some(cluster) => self.discoveries.api_changed(&cluster, Instant::now()),
-                    None => self.discoveries.all_changed(Instant::now()),
+                Some(changed) = api_changes.next() => match (changed, self.shard.is_some()) {
+                    (Some(cluster), _) => self.discoveries.api_changed(&cluster, Instant::now()),
+                    // One cluster: a change (or a relist) asks for the runs over 8 s.
+                    (None, false) => self.discoveries.api_changed(&self.config.cluster, Instant::now()),
+                    (None, true) => self.discoveries.all_changed(Instant::now()),
                 },
                 () = tokio::time::sleep_until(discovery_due.unwrap_or_else(far_future)), if discovery_due.is_some() => {
                     self.start_discoveries();
