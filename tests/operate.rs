@@ -647,13 +647,7 @@ async fn metrics_behind_delegated_authentication_and_authorization() {
 async fn http2_streams_spread_over_connections_at_the_per_connection_limit() {
     let _one = ONE_AT_A_TIME.lock().await;
     let cp = ControlPlane::get(Flavor::LazyquotaOnly);
-    let port = cp
-        .config()
-        .await
-        .expect("config")
-        .cluster_url
-        .port_u16()
-        .expect("apiserver port");
+    let port = apiserver_port(cp).await;
     let ns = TestNamespace::create(Flavor::LazyquotaOnly, "spread")
         .await
         .expect("namespace");
@@ -721,6 +715,16 @@ async fn http2_streams_spread_over_connections_at_the_per_connection_limit() {
     ns.delete().await.expect("delete namespace");
 }
 
+/// The port of `cp`'s apiserver (to count lazyquota's connections to it).
+async fn apiserver_port(cp: &ControlPlane) -> u16 {
+    cp.config()
+        .await
+        .expect("config")
+        .cluster_url
+        .port_u16()
+        .expect("apiserver port")
+}
+
 /// A server that allows fewer concurrent HTTP/2 streams on one connection than lazyquota's
 /// share (the Compacting control plane's apiserver: 8, against the default 64). hyper would
 /// queue every request beyond the server's limit on the one connection, behind watches that
@@ -730,13 +734,7 @@ async fn http2_streams_spread_over_connections_at_the_per_connection_limit() {
 #[tokio::test]
 async fn a_server_allowing_fewer_streams_than_our_share_gets_more_connections_and_nothing_queues() {
     let cp = ControlPlane::get(Flavor::Compacting);
-    let port = cp
-        .config()
-        .await
-        .expect("config")
-        .cluster_url
-        .port_u16()
-        .expect("apiserver port");
+    let port = apiserver_port(cp).await;
     let mut namespaces = Vec::new();
     for _ in 0..16 {
         let ns = TestNamespace::create(Flavor::Compacting, "streams")
