@@ -109,18 +109,6 @@ impl Discoveries {
         self.clusters.contains_key(cluster)
     }
 
-    /// The clusters scheduled.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.clusters.len()
-    }
-
-    /// Whether no cluster is scheduled.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.clusters.is_empty()
-    }
-
     /// The types served in `cluster` may have changed at `now`: runs 0.3, 1, 3 and 8 s later.
     pub fn api_changed(&mut self, cluster: &ClusterName, now: Instant) {
         let retries = AFTER_CHANGE_MS.map(|ms| now + Duration::from_millis(ms)).to_vec();

@@ -174,7 +174,7 @@ impl Resolver {
         self.interned.retain(|s| Arc::strong_count(s) > 1);
     }
 
-    /// Distinct served resources held for all clusters (for tests and the heap bench).
+    /// Distinct served resources held for all clusters (what interning keeps).
     pub fn distinct(&self) -> usize {
         self.interned.len()
     }

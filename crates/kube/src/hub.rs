@@ -69,13 +69,14 @@ use crate::{
 /// Events a subscriber may have unread (and a joining one buffered) before it overflows.
 pub const MAX_PENDING: usize = 16_384;
 
-/// A handle on the shard's hub (cheap to clone), for one engagement of one logical cluster.
+/// A handle on the shard's hub (cheap to clone), for one run of the shard's engine (an
+/// engagement: an engine restarted after a failure is a new one).
 #[derive(Clone)]
 pub struct Hub {
     inbox: Arc<Inbox>,
     shared: watch::Receiver<BTreeSet<GroupResource>>,
-    /// Which engagement this handle speaks for: a cluster disengaged and engaged again is a
-    /// new one, and the old one's late messages must not count for it.
+    /// Which engagement this handle speaks for: an engine started again is a new one, and the
+    /// old one's late messages must not count for it.
     engagement: u64,
     /// Aborts the hub's task when the last handle goes.
     _task: Arc<AbortOnDrop>,
