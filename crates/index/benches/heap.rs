@@ -37,13 +37,16 @@ use k8s_openapi::{
     apimachinery::pkg::api::resource::Quantity as K8sQuantity,
 };
 use lazyquota_index::{
+    discoveries::Discoveries,
     engine::{Engine, Projected, StoreKind, same_value, store_kind},
     fanout::{Fanout, Sink, WatchItem},
     keys::{ClusterName, GroupResource, ObjectIds, QuotaKey},
+    membership::Membership,
     planner::{Mode, PlanSettings},
     resolver::ServedResource,
+    sharing::Demand,
     store::PartitionKey,
-    watches::Watches,
+    watches::{Action, Item, ObjectEvent, Watches},
 };
 use lazyquota_quota::{ClaimProjection, FeatureGates, Interner, PodProjection, Time};
 use serde_json::json;
@@ -536,6 +539,192 @@ fn measure_bookkeeping(cluster: &ClusterName) -> Bookkeeping {
     }
 }
 
+// ---- engaged logical clusters (kcp) -------------------------------------------------------
+
+/// Logical clusters engaged, one after another, in the engaged-cluster case.
+const ENGAGED: usize = 200;
+/// The namespace of each engaged cluster's quota (the kcp benchmark's).
+const NS_KCP: &str = "bench";
+/// APIExports of the kcp seed scenario; each workspace binds [`BOUND`] of them.
+const EXPORTS: usize = 10;
+const BOUND: usize = 5;
+
+/// The kcp hub's subscriber sink: futures' unbounded channel and an unread counter, as
+/// `crates/kube/src/hub.rs` has it (the receiver is the controller's, held here).
+struct Channel {
+    tx: futures::channel::mpsc::UnboundedSender<Item>,
+    unread: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Sink for Channel {
+    type Object = ObjectEvent;
+    fn send(&mut self, item: Item) {
+        if self.tx.unbounded_send(item).is_ok() {
+            self.unread.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    fn unread(&self) -> usize {
+        self.unread.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+/// What engaging logical clusters cost the shard's engine, in dhat's live bytes.
+struct EngagedCost {
+    /// Per logical cluster the shard has, engaged or not (the LogicalCluster watch's entry).
+    per_known: usize,
+    /// Per engaged cluster, over all [`ENGAGED`] (the first one interns the shared types).
+    per_engaged: usize,
+    /// Per engaged cluster, over the second half only (what one more costs).
+    per_engaged_marginal: usize,
+    /// Of which the subscriber's channel (sender, receiver, counter).
+    per_channel: usize,
+    /// Per engaged cluster by step: membership and discovery slot, discovery (resolver),
+    /// quota (engine), watch (plan, hub demand, subscriber, its list).
+    stages: [isize; 4],
+}
+
+/// Engages [`ENGAGED`] logical clusters as the shard's engine does when a quota appears in
+/// each: the membership learns the quota, the cluster gets a discovery slot and its first
+/// discovery (a kcp workspace's 40 types and 5 bound ones), the engine takes its quota
+/// (`count/<type>`, one bound type), the watch set plans the count watch (served by the hub's
+/// shared watch), the hub records the demand and the fan-out takes the subscriber with its
+/// channel. No objects: those cost what the count-only case says, per object.
+fn measure_engaged() -> EngagedCost {
+    let bound: Vec<GroupResource> = (0..EXPORTS)
+        .map(|e| GroupResource::new(format!("e{e}.bench.example.io"), "widgets"))
+        .collect();
+    let settings = PlanSettings {
+        mode: Mode::Lazy,
+        namespace_watch_threshold: usize::MAX,
+        gates: FeatureGates::default(),
+    };
+    let clusters: Vec<ClusterName> = (0..ENGAGED)
+        .map(|n| ClusterName::new(&format!("2x7c{n:012}")))
+        .collect();
+    let t0 = std::time::Instant::now();
+    let profiler = dhat::Profiler::builder().testing().build();
+    let start = HeapStats::get();
+    let mut membership = Membership::default();
+    membership.clusters_listed(clusters.iter().map(|c| (c.clone(), "Ready".to_owned())));
+    let known = HeapStats::get();
+    let mut discoveries = Discoveries::new(Duration::from_secs(300), 4);
+    let mut engine = Engine::new(FeatureGates::default());
+    let mut watches = Watches::new(settings, true, ObjectIds::default());
+    let mut demand = Demand::default();
+    let mut fanout: Fanout<Channel> = Fanout::new(16_384);
+    // The shared watch has listed (nobody subscribed yet): later subscribers join with lists.
+    fanout.init();
+    fanout.init_done();
+    let mut receivers = Vec::with_capacity(ENGAGED);
+    let mut out = Vec::new();
+    let mut ignored = Vec::new();
+    let now = Time::from_unix_seconds(1_800_000_000);
+    let mut channels = 0;
+    // Growth by step: membership and discovery slot, discovery, quota, watch and subscriber.
+    let mut stages = [0_isize; 4];
+    let before = HeapStats::get();
+    let mut half = before.clone();
+    for (n, cluster) in clusters.iter().enumerate() {
+        if n == ENGAGED / 2 {
+            half = HeapStats::get();
+        }
+        let mine: Vec<GroupResource> = (0..BOUND).map(|b| bound[(n + b) % EXPORTS].clone()).collect();
+        let counted = &mine[0];
+        let spec = quota(NS_KCP, "widgets", &[(&counted.object_count_name(), "100")]);
+        let mut mark = HeapStats::get().curr_bytes;
+        let mut stage = |i: usize| {
+            let now = HeapStats::get().curr_bytes;
+            stages[i] += now.cast_signed() - mark.cast_signed();
+            mark = now;
+        };
+        membership.quota_applied(cluster.clone(), NS_KCP, "widgets");
+        discoveries.add(cluster.clone(), t0);
+        assert_eq!(discoveries.start_due(t0), vec![cluster.clone()]);
+        discoveries.finished(cluster, true, t0);
+        stage(0);
+        engine.discovered(cluster, support::kcp_workspace(&mine), &[]);
+        stage(1);
+        let update = engine.apply_quota(QuotaKey::new(cluster, NS_KCP, "widgets"), &spec);
+        assert!(
+            update.problems.is_empty() && update.changes.len() == 1,
+            "{update:?}"
+        );
+        drop(update);
+        stage(2);
+        watches.sync(&mut engine, cluster, counted, &|_| true, &mut out);
+        for action in out.drain(..) {
+            match action {
+                Action::Demand {
+                    cluster,
+                    resource,
+                    count,
+                } => {
+                    demand.set(&(cluster, 1), &resource, count);
+                }
+                Action::Start { id, key, shared, .. } => {
+                    assert!(shared, "a count watch of a shared type subscribes to the hub");
+                    let ready = HeapStats::get();
+                    let (tx, mut rx) = futures::channel::mpsc::unbounded();
+                    let sink = Channel {
+                        tx,
+                        unread: std::sync::Arc::default(),
+                    };
+                    let unread = sink.unread.clone();
+                    let join = fanout
+                        .subscribe(key.cluster.clone(), key.namespace.clone(), sink)
+                        .expect("a subscriber after the shared watch's list joins with a list");
+                    channels += HeapStats::get().curr_bytes - ready.curr_bytes;
+                    // Its own list (no objects) ends the join; the controller reads what the
+                    // channel carries into the watch set: the subscriber is live.
+                    assert!(
+                        fanout
+                            .joined(join.generation, Ok((Some(1), Vec::new())))
+                            .is_none()
+                    );
+                    while let Ok(item) = rx.try_recv() {
+                        unread.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                        watches.on_item(&mut engine, id, item, now, &mut ignored);
+                    }
+                    // What the controller would carry out: logs, metrics, the quota's computation.
+                    assert!(
+                        ignored.drain(..).all(|a| matches!(
+                            a,
+                            Action::Listing(_) | Action::Synced(_) | Action::Enqueue(_)
+                        )),
+                        "a list's items make a watch listing, synced, and its quota computed"
+                    );
+                    receivers.push((rx, unread));
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        stage(3);
+    }
+    drop(ignored);
+    out.shrink_to_fit();
+    let after = HeapStats::get();
+    assert_eq!(membership.desired().len(), ENGAGED);
+    assert_eq!(
+        watches.iter().count(),
+        ENGAGED,
+        "one count watch per engaged cluster"
+    );
+    assert_eq!(demand.clusters(&bound[0]), ENGAGED / EXPORTS);
+    let synced = watches.iter().filter(|(_, r)| r.synced).count();
+    assert_eq!(synced, ENGAGED, "every engaged cluster's watch has synced");
+    drop(profiler);
+    EngagedCost {
+        per_known: (known.curr_bytes - start.curr_bytes) / ENGAGED,
+        per_engaged: (after.curr_bytes - before.curr_bytes) / ENGAGED,
+        per_engaged_marginal: (after.curr_bytes - half.curr_bytes) / (ENGAGED - ENGAGED / 2),
+        per_channel: channels / ENGAGED,
+        stages: stages.map(|b| b / ENGAGED.cast_signed()),
+    }
+}
+
 // ---- reporting ----------------------------------------------------------------------------
 
 #[allow(clippy::cast_precision_loss)] // display only
@@ -713,6 +902,7 @@ fn main() {
     let claims = measure_claims(&cfg, &cluster);
     let counts = measure_counts(&cfg, &cluster);
     let bookkeeping = measure_bookkeeping(&cluster);
+    let engaged = measure_engaged();
     let mut table = report(&cfg, &pods, &claims, &counts);
     let _ = writeln!(
         table,
@@ -725,6 +915,50 @@ fn main() {
          is not included (see the index). A real subscriber's channel and a joining one's buffer are \
          not included either.",
         bookkeeping.per_watch, bookkeeping.per_subscriber,
+    );
+    let _ = writeln!(
+        table,
+        "\n## An engaged kcp logical cluster\n\n\
+         | | bytes |\n| --- | ---: |\n\
+         | per logical cluster of the shard, engaged or not (membership: name, phase) | {} |\n\
+         | **per engaged logical cluster**, {ENGAGED} engaged (the first interns the shared types) | **{}** |\n\
+         | per engaged logical cluster, the last {} only | {} |\n\
+         | by step: the quota in the membership and a discovery slot | {} |\n\
+         | by step: the first discovery (the resolver's list of interned types) | {} |\n\
+         | by step: the quota in the engine (spec, demand) | {} |\n\
+         | by step: the count watch (plan, hub demand, fan-out subscriber and channel, its list) | {} |\n\
+         | of which the hub subscriber's channel (futures' unbounded: sender, receiver, unread counter) | {} |\n\n\
+         - Each cluster is engaged as the shard's engine does it when its first quota appears: the \
+         membership takes the quota, the cluster gets a discovery slot and its first discovery (a kcp \
+         v0.32.3 workspace's 40 types and {BOUND} bound ones of {EXPORTS}, interned), the engine takes \
+         one quota (`count/widgets.<group>` of a bound type), the watch set plans its count watch, \
+         the hub records the demand, the shared watch's fan-out takes the subscriber and its list \
+         (no objects), and the watch set reads the list's items through the channel until the \
+         watch is synced. Objects are not included: each costs what the count-only case says. \
+         Target: ≤ 16 KiB ({}).\n\
+         - Not included (in `crates/kube`, so outside this pure measurement; counted by the kcp \
+         benchmark's jemalloc slope): the controller's `Member` (the workspace path, two empty \
+         sets), the watch's `Handle` (an abort handle, a counter handle) and boxed stream, the \
+         hub's pending `Subscription` (moved into the fan-out), and Event series once a quota gets \
+         Events.\n\
+         - Tokio's unbounded channel, which the hub used before, allocates its first block of 32 \
+         slots with the channel: 32 × {} B (`size_of` of a watch item) per subscriber, kept while it \
+         lives; futures' allocates a node per item in flight.",
+        engaged.per_known,
+        engaged.per_engaged,
+        ENGAGED - ENGAGED / 2,
+        engaged.per_engaged_marginal,
+        engaged.stages[0],
+        engaged.stages[1],
+        engaged.stages[2],
+        engaged.stages[3],
+        engaged.per_channel,
+        if engaged.per_engaged <= 16 * 1024 {
+            "met"
+        } else {
+            "**missed**"
+        },
+        size_of::<Item>(),
     );
     println!("{table}");
     if cfg.bench {

@@ -41,6 +41,7 @@ use std::{
 
 use futures::{
     StreamExt as _,
+    channel::mpsc,
     future::BoxFuture,
     stream::{AbortHandle, BoxStream, FuturesUnordered, SelectAll},
 };
@@ -56,7 +57,7 @@ use lazyquota_index::{
     resolver::ServedResource,
     sharing::Demand,
 };
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
 use crate::{
@@ -107,6 +108,11 @@ impl Drop for AbortOnDrop {
 }
 
 /// The sending side of a subscriber's channel, counting what its controller has not read.
+///
+/// futures' unbounded channel, not tokio's: tokio's allocates its first block of 32 slots with
+/// the channel (32 × `size_of::<WatchItem>()`, about 8 KiB here) and keeps it, which would be
+/// the larger part of what an engaged logical cluster costs; futures' allocates a node per
+/// item in flight and one empty node at rest. Bounded by [`MAX_PENDING`] unread all the same.
 struct Sink {
     tx: mpsc::UnboundedSender<WatchItem>,
     unread: Arc<AtomicUsize>,
@@ -116,7 +122,7 @@ impl fanout::Sink for Sink {
     type Object = ObjectEvent;
 
     fn send(&mut self, item: WatchItem) {
-        if self.tx.send(item).is_ok() {
+        if self.tx.unbounded_send(item).is_ok() {
             self.unread.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -193,7 +199,7 @@ impl Hub {
         key: &WatchKey,
         tag: T,
     ) -> (Tagged<T>, AbortHandle) {
-        let (tx, items) = mpsc::unbounded_channel();
+        let (tx, items) = mpsc::unbounded();
         let unread = Arc::new(AtomicUsize::new(0));
         lock(&self.inbox.subscriptions).push(Subscription {
             cluster: key.cluster.clone(),
@@ -205,10 +211,8 @@ impl Hub {
             },
         });
         self.inbox.changed.notify_one();
-        let stream = futures::stream::unfold((items, unread), |(mut items, unread)| async move {
-            let item = items.recv().await?;
+        let stream = items.inspect(move |_| {
             unread.fetch_sub(1, Ordering::Relaxed);
-            Some((item, (items, unread)))
         });
         let (stream, abort) = futures::stream::abortable(stream);
         (stream.map(move |item| (tag.clone(), item)).boxed(), abort)
