@@ -83,6 +83,8 @@ struct Args {
     /// lists are closed and the reading is lazyquota's steady state.
     lq_settle: Duration,
     poll: Duration,
+    /// lazyquota's `--kcp-shared-watch-threshold`.
+    shared_threshold: usize,
     out: PathBuf,
     quick: bool,
 }
@@ -108,6 +110,7 @@ impl Args {
                 settle: Duration::from_secs(2),
                 settle_max: Duration::from_secs(30),
                 lq_settle: Duration::from_secs(2),
+                shared_threshold: 2,
                 poll: Duration::from_millis(500),
                 out: std::env::temp_dir().join("lazyquota-bench-kcp-quick"),
                 quick,
@@ -125,6 +128,7 @@ impl Args {
                 settle: Duration::from_secs(20),
                 settle_max: Duration::from_secs(180),
                 lq_settle: Duration::from_secs(100),
+                shared_threshold: 2,
                 poll: Duration::from_secs(2),
                 out: repo().join("benches/results/kcp"),
                 quick,
@@ -148,10 +152,11 @@ impl Args {
                 "--settle-max" => a.settle_max = Duration::from_secs(num(value()) as u64),
                 "--lq-settle" => a.lq_settle = Duration::from_secs(num(value()) as u64),
                 "--out" => a.out = PathBuf::from(value()),
+                "--shared-threshold" => a.shared_threshold = num(value()),
                 other => panic!(
                     "unknown flag {other} (--quick, --workspaces, --exports, --providers, \
                      --bindings-per-workspace, --objects, --quota-percent, --samples, --concurrency, \
-                     --settle, --settle-max, --lq-settle, --out)"
+                     --settle, --settle-max, --lq-settle, --shared-threshold, --out)"
                 ),
             }
         }
@@ -588,7 +593,7 @@ impl Drop for Lazyquota {
 }
 
 impl Lazyquota {
-    fn start(shard: &Shard, dir: &Path, bin: &Path, label: &str) -> Self {
+    fn start(shard: &Shard, dir: &Path, bin: &Path, label: &str, shared_threshold: usize) -> Self {
         // The admin kubeconfig with the shard admin as its current context (wildcard requests).
         let kubeconfig = dir.join("lazyquota.kubeconfig");
         lazyquota_testenv::kcp::write_shard_kubeconfig(&shard.kubeconfig, &kubeconfig)
@@ -605,6 +610,7 @@ impl Lazyquota {
             .arg(&kubeconfig)
             .args(["--kcp-shard-url", &shard.url])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .args(["--kcp-shared-watch-threshold", &shared_threshold.to_string()])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("lazyquota log"))
@@ -1173,7 +1179,7 @@ async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
         res.readings.insert((s, Config::KcpOnly), reading);
 
         // 3: lazyquota on the shard (kcp's quota controller still off, nothing wrote since).
-        let mut lq = Lazyquota::start(&shard, dir, bin, &format!("b{b}"));
+        let mut lq = Lazyquota::start(&shard, dir, bin, &format!("b{b}"), args.shared_threshold);
         let first = synced(
             &shard,
             &clusters,
@@ -1377,7 +1383,8 @@ fn write_results(args: &Args, plan: &Plan, r: &Results, started: Instant) {
          - Q = {} consumers ({}%) have one ResourceQuota `{STANDING}` with `count/widgets.<group>` = \
          {HARD} on one type they bind from the first step on (consumer n·W/Q, its binding n mod {}), \
          created when that step's bindings are; they are on {} distinct types, at most {} per type \
-         (lazyquota's shared-watch threshold is 8).",
+         (lazyquota runs with `--kcp-shared-watch-threshold {}`: a type counted in that many \
+         engaged workspaces is served by one shared watch).",
         plan.providers.len(),
         plan.exports.len(),
         plan.providers.len(),
@@ -1393,6 +1400,7 @@ fn write_results(args: &Args, plan: &Plan, r: &Results, started: Instant) {
         plan.steps.get(1).copied().unwrap_or(1),
         types.len(),
         types.values().max().copied().unwrap_or(0),
+        args.shared_threshold,
     );
     let _ = writeln!(
         md,

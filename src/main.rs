@@ -106,8 +106,10 @@ struct ClusterArgs {
     #[arg(long, value_name = "NAME", default_value = "root", requires = "kcp_shard_url")]
     kcp_home_cluster: String,
     /// kcp: from this many logical clusters watching a type for counts on, one shared wildcard
-    /// metadata watch serves them all (0: never share).
-    #[arg(long, value_name = "N", default_value_t = 8)]
+    /// metadata watch serves them all (0: never share). The default, 2, is where sharing costs
+    /// less memory: a watch of its own costs an engaged cluster about 34 KiB, its share of a
+    /// shared watch about 7 KiB (`benches/results/kcp-engine`, `benches/results/heap.md`).
+    #[arg(long, value_name = "N", default_value_t = 2)]
     kcp_shared_watch_threshold: usize,
     /// Feature gates as KCM's flag of that name sets them (`Name=true,Name=false`), over the
     /// defaults of each cluster's Kubernetes release (read from its /version). Only the gates
