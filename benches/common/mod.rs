@@ -42,7 +42,7 @@ pub fn stop_control_plane(state: &Path) {
 }
 
 /// The commit the benchmark ran on: `abc1234`, or `abc1234-dirty (modified: paths)` when
-/// tracked files differ from it (result files name it).
+/// tracked files other than `benches/results/` differ from it (result files name it).
 pub fn commit() -> String {
     let git = |args: &[&str]| {
         Command::new("git")
@@ -53,7 +53,16 @@ pub fn commit() -> String {
             .unwrap_or_default()
     };
     let head = git(&["rev-parse", "--short", "HEAD"]);
-    let dirty = git(&["status", "--porcelain", "--untracked-files=no"]);
+    // Result files are what a benchmark writes, not what it measures: a tracked one rewritten
+    // during the run would otherwise mark every re-run dirty.
+    let dirty = git(&[
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+        "--",
+        ":(top)",
+        ":(top,exclude)benches/results",
+    ]);
     if dirty.is_empty() {
         head
     } else {
