@@ -107,8 +107,8 @@ struct ClusterArgs {
     kcp_home_cluster: String,
     /// kcp: from this many logical clusters watching a type for counts on, one shared wildcard
     /// metadata watch serves them all (0: never share). The default, 2, is where sharing costs
-    /// less memory: a watch of its own costs an engaged cluster about 34 KiB, its share of a
-    /// shared watch about 7 KiB (`benches/results/kcp-engine`, `benches/results/heap.md`).
+    /// less memory: a watch of its own costs an engaged cluster about 34 KiB; a share of a
+    /// shared watch about 9 KiB, the shared watch about 25 KiB (`benches/results/kcp-engine`).
     #[arg(long, value_name = "N", default_value_t = 2)]
     kcp_shared_watch_threshold: usize,
     /// Feature gates as KCM's flag of that name sets them (`Name=true,Name=false`), over the
