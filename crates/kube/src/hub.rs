@@ -110,7 +110,7 @@ impl Drop for AbortOnDrop {
 /// The sending side of a subscriber's channel, counting what its controller has not read.
 ///
 /// futures' unbounded channel, not tokio's: tokio's allocates its first block of 32 slots with
-/// the channel (32 × `size_of::<WatchItem>()`, about 8 KiB here) and keeps it, which would be
+/// the channel (32 × `size_of::<WatchItem>()`, 224 B: 7 KiB) and keeps it, which would be
 /// the larger part of what an engaged logical cluster costs; futures' allocates a node per
 /// item in flight and one empty node at rest. Bounded by [`MAX_PENDING`] unread all the same.
 struct Sink {
