@@ -2,13 +2,13 @@
 //! [`Resolver`](lazyquota_index::resolver::Resolver).
 //!
 //! Aggregated discovery (two requests: `/api` and `/apis`) where the server supports it,
-//! the per-group walk otherwise. There is no discovery watch in Kubernetes; the controller
+//! the per-group walk for whichever of the two it answered with a legacy list. There is no discovery watch in Kubernetes; the controller
 //! re-runs this when CustomResourceDefinitions or APIServices change, and on a slow poll.
 
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{APIGroupList, APIResourceList, APIVersions};
 use kube::Client;
-use kube::client::APIGroupDiscoveryList;
+use kube::client::{APIGroupDiscovery, APIGroupDiscoveryList};
 use lazyquota_index::{keys::GroupResource, resolver::ServedResource};
 use serde::de::DeserializeOwned;
 
@@ -34,26 +34,78 @@ pub struct Discovered {
 /// known of it is kept rather than taken as gone.
 pub async fn discover(client: &Client, route: &Route) -> Result<Discovered, kube::Error> {
     let at = |path: &str| format!("{}{path}", route.prefix());
-    // Both at once; a server without aggregated discovery answers each with its legacy list,
-    // which the per-group walk then starts from (kcp answers every logical cluster's /api and
-    // /apis so: no round trip is spent asking again).
+    // Both at once. Each answer is used as it comes: kcp answers a logical cluster's /api
+    // aggregated and its /apis with the legacy group list, so only the groups of the legacy
+    // answer are walked and neither document is asked for twice.
     let (apis, core) =
         futures::future::join(aggregated(client, &at("/apis")), aggregated(client, &at("/api"))).await;
-    let groups = match (apis, core) {
-        (Ok(Answer::Aggregated(apis)), core) => match core? {
-            Answer::Aggregated(core) => core.items.into_iter().chain(apis.items).collect::<Vec<_>>(),
-            Answer::Legacy(_) => return discover_per_group(client, route, None).await,
-        },
-        (Ok(Answer::Legacy(apis)), Ok(Answer::Legacy(core))) => {
-            let legacy = serde_json::from_value(core)
-                .and_then(|core| Ok((core, serde_json::from_value(apis)?)))
-                .ok();
-            return discover_per_group(client, route, legacy).await;
-        }
-        // Servers older than 1.26 lack aggregated discovery (an error or a legacy answer).
-        _ => return discover_per_group(client, route, None).await,
+    // Servers older than 1.26 may refuse the aggregated media type: ask once more, plainly.
+    let core = match core {
+        Ok(answer) => answer,
+        Err(_) => Answer::Legacy(get(client, at("/api")).await?),
     };
+    let apis = match apis {
+        Ok(answer) => answer,
+        Err(_) => Answer::Legacy(get(client, at("/apis")).await?),
+    };
+    let plan = Plan::new(core, apis).map_err(kube::Error::SerdeError)?;
     let mut found = Discovered::default();
+    read_aggregated(plan.aggregated, &mut found);
+    found.served.extend(walk_groups(client, route, plan.walk).await?);
+    Ok(found)
+}
+
+/// What the answers to `/api` and `/apis` leave to do: groups already described (aggregated
+/// answers) and group versions still to ask for one by one (legacy answers).
+#[derive(Debug)]
+struct Plan {
+    /// Groups with their resources, from aggregated answers.
+    aggregated: Vec<APIGroupDiscovery>,
+    /// Each group from a legacy answer with the paths of its versions, the preferred first.
+    walk: Vec<(String, Vec<String>)>,
+}
+
+impl Plan {
+    /// The plan for the answers to `/api` (`core`) and `/apis`, in that order: the core group
+    /// comes first, as the server lists it.
+    fn new(core: Answer, apis: Answer) -> Result<Self, serde_json::Error> {
+        let mut plan = Self {
+            aggregated: Vec::new(),
+            walk: Vec::new(),
+        };
+        match core {
+            Answer::Aggregated(list) => plan.aggregated.extend(list.items),
+            Answer::Legacy(body) => {
+                let core: APIVersions = serde_json::from_value(body)?;
+                let paths = core.versions.iter().map(|v| format!("/api/{v}")).collect();
+                plan.walk.push((String::new(), paths));
+            }
+        }
+        match apis {
+            Answer::Aggregated(list) => plan.aggregated.extend(list.items),
+            Answer::Legacy(body) => {
+                let groups: APIGroupList = serde_json::from_value(body)?;
+                for group in groups.groups {
+                    let preferred = group.preferred_version.map(|p| p.group_version);
+                    let mut paths: Vec<String> = preferred.iter().map(|gv| format!("/apis/{gv}")).collect();
+                    paths.extend(
+                        group
+                            .versions
+                            .iter()
+                            .filter(|v| Some(&v.group_version) != preferred.as_ref())
+                            .map(|v| format!("/apis/{}", v.group_version)),
+                    );
+                    plan.walk.push((group.name, paths));
+                }
+            }
+        }
+        Ok(plan)
+    }
+}
+
+/// The resources of aggregated groups, each at its first (preferred) version that serves it;
+/// a group with a `Stale` version goes to `failed_groups`.
+fn read_aggregated(groups: Vec<APIGroupDiscovery>, found: &mut Discovered) {
     for group in groups {
         let name = group.metadata.and_then(|m| m.name).unwrap_or_default();
         if group
@@ -85,7 +137,6 @@ pub async fn discover(client: &Client, route: &Route) -> Result<Discovered, kube
             }
         }
     }
-    Ok(found)
 }
 
 /// What a server that supports aggregated discovery sends; the legacy lists are the fallback.
@@ -109,12 +160,17 @@ async fn aggregated(client: &Client, path: &str) -> Result<Answer, kube::Error> 
         .body(Vec::new())
         .map_err(kube::Error::HttpError)?;
     let body: serde_json::Value = client.request(request).await?;
-    if body.get("kind").and_then(serde_json::Value::as_str) != Some("APIGroupDiscoveryList") {
-        return Ok(Answer::Legacy(body));
+    Answer::read(body).map_err(kube::Error::SerdeError)
+}
+
+impl Answer {
+    /// Which of the two documents `body` is.
+    fn read(body: serde_json::Value) -> Result<Self, serde_json::Error> {
+        if body.get("kind").and_then(serde_json::Value::as_str) != Some("APIGroupDiscoveryList") {
+            return Ok(Self::Legacy(body));
+        }
+        serde_json::from_value(body).map(Self::Aggregated)
     }
-    serde_json::from_value(body)
-        .map(Answer::Aggregated)
-        .map_err(kube::Error::SerdeError)
 }
 
 fn served_push(
@@ -135,37 +191,16 @@ fn served_push(
     });
 }
 
-/// The per-group walk (one request per group version), for servers without aggregated
-/// discovery (`legacy`: their `/api` and `/apis` answers, when already read): every version of
-/// every group, the preferred one first (ours rather than
-/// kube's `Discovery`, which cannot put a logical cluster's route in front of its paths).
-async fn discover_per_group(
+/// The per-group walk (one request per group version) for the groups a legacy answer listed:
+/// every version of every group, the preferred one first (ours rather than kube's
+/// `Discovery`, which cannot put a logical cluster's route in front of its paths).
+async fn walk_groups(
     client: &Client,
     route: &Route,
-    legacy: Option<(APIVersions, APIGroupList)>,
-) -> Result<Discovered, kube::Error> {
+    group_versions: Vec<(String, Vec<String>)>,
+) -> Result<Vec<ServedResource>, kube::Error> {
     let at = |path: &str| format!("{}{path}", route.prefix());
     let mut served = Vec::new();
-    let (core, groups): (APIVersions, APIGroupList) = match legacy {
-        Some(lists) => lists,
-        None => futures::future::try_join(get(client, at("/api")), get(client, at("/apis"))).await?,
-    };
-    let mut group_versions: Vec<(String, Vec<String>)> = vec![(
-        String::new(),
-        core.versions.iter().map(|v| format!("/api/{v}")).collect(),
-    )];
-    for group in groups.groups {
-        let preferred = group.preferred_version.map(|p| p.group_version);
-        let mut paths: Vec<String> = preferred.iter().map(|gv| format!("/apis/{gv}")).collect();
-        paths.extend(
-            group
-                .versions
-                .iter()
-                .filter(|v| Some(&v.group_version) != preferred.as_ref())
-                .map(|v| format!("/apis/{}", v.group_version)),
-        );
-        group_versions.push((group.name, paths));
-    }
     // Every group version at once (over HTTP/2, streams of one connection): the walk costs
     // about one round trip more than /api and /apis, not one per group version — it is on the
     // path from a new kcp workspace's first quota to its first status.
@@ -212,10 +247,7 @@ async fn discover_per_group(
             }
         }
     }
-    Ok(Discovered {
-        served,
-        failed_groups: Vec::new(),
-    })
+    Ok(served)
 }
 
 /// Groups whose versions the per-group walk asks for at once.
@@ -227,4 +259,92 @@ async fn get<T: DeserializeOwned>(client: &Client, path: String) -> Result<T, ku
         .body(Vec::new())
         .map_err(kube::Error::HttpError)?;
     client.request(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// kcp v0.32.3's answers for a workspace (`/clusters/root:ws1`), trimmed to two resources
+    /// and two groups: `/api` aggregated, `/apis` the legacy group list.
+    const KCP_API: &str = r#"{"kind":"APIGroupDiscoveryList","apiVersion":"apidiscovery.k8s.io/v2","metadata":{},"items":[{"metadata":{},"versions":[{"version":"v1","resources":[{"resource":"configmaps","responseKind":{"group":"","version":"","kind":"ConfigMap"},"scope":"Namespaced","singularResource":"configmap","verbs":["create","delete","deletecollection","get","list","patch","update","watch"],"shortNames":["cm"]},{"resource":"namespaces","responseKind":{"group":"","version":"","kind":"Namespace"},"scope":"Cluster","singularResource":"namespace","verbs":["create","delete","get","list","patch","update","watch"],"shortNames":["ns"],"subresources":[{"subresource":"finalize","responseKind":{"group":"","version":"","kind":"Namespace"},"verbs":["update"]}]}],"freshness":"Current"}]}]}"#;
+    const KCP_APIS: &str = r#"{"kind":"APIGroupList","apiVersion":"v1","groups":[{"name":"coordination.k8s.io","versions":[{"groupVersion":"coordination.k8s.io/v1","version":"v1"}],"preferredVersion":{"groupVersion":"coordination.k8s.io/v1","version":"v1"}},{"name":"apis.kcp.io","versions":[{"groupVersion":"apis.kcp.io/v1alpha2","version":"v1alpha2"},{"groupVersion":"apis.kcp.io/v1alpha1","version":"v1alpha1"}],"preferredVersion":{"groupVersion":"apis.kcp.io/v1alpha2","version":"v1alpha2"}}]}"#;
+    const LEGACY_API: &str = r#"{"kind":"APIVersions","versions":["v1"],"serverAddressByClientCIDRs":[]}"#;
+    const AGGREGATED_APIS: &str = r#"{"kind":"APIGroupDiscoveryList","apiVersion":"apidiscovery.k8s.io/v2","metadata":{},"items":[{"metadata":{"name":"apps"},"versions":[{"version":"v1","resources":[{"resource":"deployments","responseKind":{"group":"","version":"","kind":"Deployment"},"scope":"Namespaced","verbs":["list","watch"]}],"freshness":"Current"}]},{"metadata":{"name":"metrics.k8s.io"},"versions":[{"version":"v1beta1","freshness":"Stale"}]}]}"#;
+
+    fn answer(body: &str) -> Answer {
+        Answer::read(serde_json::from_str(body).unwrap()).unwrap()
+    }
+
+    fn walked(plan: &Plan) -> Vec<&str> {
+        plan.walk
+            .iter()
+            .flat_map(|(_, paths)| paths.iter().map(String::as_str))
+            .collect()
+    }
+
+    #[test]
+    fn kcp_answers_walk_only_the_legacy_groups_and_never_ask_again() {
+        let plan = Plan::new(answer(KCP_API), answer(KCP_APIS)).unwrap();
+        // The requests after /api and /apis: one per version of a group /apis listed; the
+        // core group came aggregated, and neither document is fetched a second time.
+        assert_eq!(
+            walked(&plan),
+            [
+                "/apis/coordination.k8s.io/v1",
+                "/apis/apis.kcp.io/v1alpha2",
+                "/apis/apis.kcp.io/v1alpha1",
+            ]
+        );
+        let mut found = Discovered::default();
+        read_aggregated(plan.aggregated, &mut found);
+        let served: Vec<_> = found
+            .served
+            .iter()
+            .map(|s| (s.resource.to_string(), s.version.as_str(), s.namespaced))
+            .collect();
+        assert_eq!(
+            served,
+            [
+                ("configmaps".to_owned(), "v1", true),
+                ("namespaces".to_owned(), "v1", false)
+            ]
+        );
+    }
+
+    #[test]
+    fn an_aggregated_apis_with_a_legacy_api_walks_only_the_core_versions() {
+        let plan = Plan::new(answer(LEGACY_API), answer(AGGREGATED_APIS)).unwrap();
+        assert_eq!(walked(&plan), ["/api/v1"]);
+        assert_eq!(plan.walk[0].0, "", "the core group's name is empty");
+        let mut found = Discovered::default();
+        read_aggregated(plan.aggregated, &mut found);
+        assert_eq!(found.served.len(), 1);
+        assert_eq!(found.served[0].resource.to_string(), "deployments.apps");
+        assert_eq!(
+            found.failed_groups,
+            ["metrics.k8s.io"],
+            "a stale group is kept, not dropped"
+        );
+    }
+
+    #[test]
+    fn two_aggregated_answers_leave_nothing_to_walk_and_two_legacy_walk_everything() {
+        let both = Plan::new(answer(KCP_API), answer(AGGREGATED_APIS)).unwrap();
+        assert!(both.walk.is_empty());
+        assert_eq!(both.aggregated.len(), 3, "core first, then the groups of /apis");
+        let legacy = Plan::new(answer(LEGACY_API), answer(KCP_APIS)).unwrap();
+        assert_eq!(walked(&legacy)[0], "/api/v1");
+        assert_eq!(walked(&legacy).len(), 4);
+        assert!(legacy.aggregated.is_empty());
+    }
+
+    #[test]
+    fn a_legacy_answer_is_never_read_as_an_empty_aggregated_list() {
+        assert!(matches!(answer(KCP_APIS), Answer::Legacy(_)));
+        assert!(matches!(answer(KCP_API), Answer::Aggregated(_)));
+        // A legacy /apis that does not parse is an error, not "serves nothing".
+        let broken = Answer::read(serde_json::json!({"kind": "APIGroupList", "groups": 3})).unwrap();
+        assert!(Plan::new(answer(LEGACY_API), broken).is_err());
+    }
 }
