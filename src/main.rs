@@ -383,7 +383,38 @@ enum LogFormat {
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// Has jemalloc give unused pages back to the kernel after 1 s instead of its default 10 s,
+/// and at once rather than through a second, "muzzy" decay: a controller allocates in bursts
+/// (a relist, a discovery run) between long quiet spells, and with the defaults the pages of
+/// a burst stayed resident. Measured at N = 400 CRDs over repeated runs: about 1.4 MiB less
+/// anonymous RSS with the same live heap (`benches/results/jemalloc-decay`).
+///
+/// Set at run time through `mallctl`, before the runtime starts its threads (so before they
+/// create their arenas): for the arenas created from now on and for those that exist. Not
+/// done when `_RJEM_MALLOC_CONF` is set, so an operator's own setting wins. (jemalloc's
+/// `malloc_conf` symbol would need `unsafe`, which the workspace forbids.)
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn tune_jemalloc() -> Result<(), tikv_jemalloc_ctl::Error> {
+    use tikv_jemalloc_ctl::{Access as _, AsName as _};
+    if std::env::var_os("_RJEM_MALLOC_CONF").is_some() {
+        return Ok(());
+    }
+    let arenas = tikv_jemalloc_ctl::arenas::narenas::read()?;
+    for (kind, ms) in [("dirty", 1000_isize), ("muzzy", 0)] {
+        format!("arenas.{kind}_decay_ms\0").name().write(ms)?;
+        for arena in 0..arenas {
+            // Arenas not created yet answer EFAULT; they take the default above.
+            let _ = format!("arena.{arena}.{kind}_decay_ms\0").name().write(ms);
+        }
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if let Err(error) = tune_jemalloc() {
+        eprintln!("lazyquota: cannot set jemalloc's decay (running with its defaults): {error}");
+    }
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
@@ -905,5 +936,41 @@ fn print_table(rows: &[Vec<String>]) {
             .map(|(cell, w)| format!("{cell:<w$}"))
             .collect();
         println!("{}", line.join("  ").trim_end());
+    }
+}
+
+#[cfg(all(test, target_os = "linux", target_env = "gnu"))]
+mod tests {
+    use tikv_jemalloc_ctl::{Access as _, AsName as _};
+
+    /// `tune_jemalloc` names real options (a wrong name is an error, not a silent no-op) and
+    /// sets them for the arenas that exist and those created later.
+    #[test]
+    fn jemalloc_returns_unused_pages_after_one_second() {
+        if std::env::var_os("_RJEM_MALLOC_CONF").is_some() {
+            eprintln!("_RJEM_MALLOC_CONF is set: it overrides the built-in options");
+            return;
+        }
+        super::tune_jemalloc().unwrap();
+        for key in ["arenas.dirty_decay_ms\0", "arena.0.dirty_decay_ms\0"] {
+            let ms: isize = key.name().read().unwrap();
+            assert_eq!(ms, 1000, "{key}");
+        }
+        for key in ["arenas.muzzy_decay_ms\0", "arena.0.muzzy_decay_ms\0"] {
+            let ms: isize = key.name().read().unwrap();
+            assert_eq!(ms, 0, "{key}");
+        }
+        // A thread started now allocates from an arena with the same decay, made before or
+        // after the call.
+        let ms = std::thread::spawn(|| {
+            let buffer = vec![1_u8; 1 << 20];
+            let arena: u32 = "thread.arena\0".name().read().unwrap();
+            drop(buffer);
+            let ms: isize = format!("arena.{arena}.dirty_decay_ms\0").name().read().unwrap();
+            ms
+        })
+        .join()
+        .unwrap();
+        assert_eq!(ms, 1000);
     }
 }
