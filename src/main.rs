@@ -393,6 +393,22 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// create their arenas): for the arenas created from now on and for those that exist. Not
 /// done when `_RJEM_MALLOC_CONF` is set, so an operator's own setting wins. (jemalloc's
 /// `malloc_conf` symbol would need `unsafe`, which the workspace forbids.)
+/// Has the calling thread allocate from jemalloc's first arena, as every thread of the
+/// process does (the main thread and each runtime thread as it starts). jemalloc gives each
+/// thread one of 4 × CPUs arenas by default, for allocation-heavy programs with many threads;
+/// lazyquota's work is one task, and every arena in use keeps its own partly filled slabs,
+/// dirty pages and metadata. Measured at N = 400 CRDs (one arena through `narenas:1`): about
+/// 0.9 MiB less anonymous RSS. The threads' caches (tcache) still serve most allocations
+/// without the arena's lock. Not done when `_RJEM_MALLOC_CONF` is set.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn use_first_arena() {
+    use tikv_jemalloc_ctl::{Access as _, AsName as _};
+    if std::env::var_os("_RJEM_MALLOC_CONF").is_none() {
+        // Arena 0 always exists; the write fails only if jemalloc lacks the option.
+        let _ = "thread.arena\0".name().write(0_u32);
+    }
+}
+
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn tune_jemalloc() -> Result<(), tikv_jemalloc_ctl::Error> {
     use tikv_jemalloc_ctl::{Access as _, AsName as _};
@@ -410,13 +426,24 @@ fn tune_jemalloc() -> Result<(), tikv_jemalloc_ctl::Error> {
     Ok(())
 }
 
+/// The multi-threaded runtime everything runs on; its threads allocate from jemalloc's
+/// first arena.
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    builder.on_thread_start(use_first_arena);
+    builder.enable_all().build()
+}
+
 fn main() -> ExitCode {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if let Err(error) = tune_jemalloc() {
         eprintln!("lazyquota: cannot set jemalloc's decay (running with its defaults): {error}");
     }
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    use_first_arena();
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match runtime() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("lazyquota: cannot start the async runtime: {error}");
@@ -972,5 +999,27 @@ mod tests {
         .join()
         .unwrap();
         assert_eq!(ms, 1000);
+    }
+
+    /// Every thread of the runtime allocates from arena 0 (jemalloc would give each new
+    /// thread an arena of its own).
+    #[test]
+    fn runtime_threads_share_the_first_arena() {
+        if std::env::var_os("_RJEM_MALLOC_CONF").is_some() {
+            return;
+        }
+        let arena = || -> u32 {
+            let buffer = vec![1_u8; 4096];
+            let arena = "thread.arena\0".name().read().unwrap();
+            drop(buffer);
+            arena
+        };
+        let runtime = super::runtime().unwrap();
+        let (worker, blocking) = runtime.block_on(async move {
+            let worker = tokio::spawn(async move { arena() }).await.unwrap();
+            let blocking = tokio::task::spawn_blocking(arena).await.unwrap();
+            (worker, blocking)
+        });
+        assert_eq!((worker, blocking), (0, 0));
     }
 }
