@@ -234,6 +234,20 @@ fn assert_one_line_error(out: &std::process::Output, needle: &str) {
     );
 }
 
+/// The binary carries its relative relocations packed (`build.rs`): `readelf -d` lists a RELR
+/// entry. Without it the dynamic linker reads ~860 KB of relocations at every start, and they
+/// stay resident.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[test]
+fn the_binary_packs_its_relative_relocations() {
+    let out = Command::new("readelf")
+        .args(["--dynamic", env!("CARGO_BIN_EXE_lazyquota")])
+        .output()
+        .expect("readelf (binutils) runs");
+    let dynamic = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && dynamic.contains("(RELR)"), "{dynamic}");
+}
+
 #[test]
 fn bad_input_gives_one_clear_error_line_and_a_non_zero_exit() {
     let missing = lazyquota(&["usage", "--kubeconfig", "/nonexistent/kubeconfig"]);
