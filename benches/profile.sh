@@ -10,7 +10,8 @@
 #   default      the workspace's release profile as committed (target/release)
 #   strip        that binary with its symbol table removed by strip(1) (what strip = "symbols"
 #                does at link time; the default profile already drops debug info)
-#   lto          lto = "fat", codegen-units = 1 (CARGO_PROFILE_RELEASE_*), in target/profile-lto
+#   lto          lto = "fat", codegen-units = 1 (CARGO_PROFILE_RELEASE_*) on top of the committed
+#                profile (so at its opt-level, "s" since d284373), in target/profile-lto
 #   lto-strip    that binary stripped
 # The LTO build takes the whole machine for several minutes.
 set -euo pipefail

@@ -383,23 +383,17 @@ enum LogFormat {
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// Has jemalloc give unused pages back to the kernel after 1 s instead of its default 10 s,
-/// and at once rather than through a second, "muzzy" decay: a controller allocates in bursts
-/// (a relist, a discovery run) between long quiet spells, and with the defaults the pages of
-/// a burst stayed resident. Measured at N = 400 CRDs over repeated runs: about 1.4 MiB less
-/// anonymous RSS with the same live heap (`benches/results/jemalloc-decay`).
-///
-/// Set at run time through `mallctl`, before the runtime starts its threads (so before they
-/// create their arenas): for the arenas created from now on and for those that exist. Not
-/// done when `_RJEM_MALLOC_CONF` is set, so an operator's own setting wins. (jemalloc's
-/// `malloc_conf` symbol would need `unsafe`, which the workspace forbids.)
 /// Has the calling thread allocate from jemalloc's first arena, as every thread of the
 /// process does (the main thread and each runtime thread as it starts). jemalloc gives each
 /// thread one of 4 × CPUs arenas by default, for allocation-heavy programs with many threads;
 /// lazyquota's work is one task, and every arena in use keeps its own partly filled slabs,
 /// dirty pages and metadata. Measured at N = 400 CRDs (one arena through `narenas:1`): about
 /// 0.9 MiB less anonymous RSS. The threads' caches (tcache) still serve most allocations
-/// without the arena's lock. Not done when `_RJEM_MALLOC_CONF` is set.
+/// without the arena's lock. jemalloc picks an arena for a thread before it can be moved, so
+/// a runtime thread may still create one, which then stays empty (its metadata only).
+///
+/// Not done when `_RJEM_MALLOC_CONF` is set, whatever it says: an operator who tunes jemalloc
+/// gets jemalloc's defaults plus their own options, not ours.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn use_first_arena() {
     use tikv_jemalloc_ctl::{Access as _, AsName as _};
@@ -409,6 +403,16 @@ fn use_first_arena() {
     }
 }
 
+/// Has jemalloc give unused pages back to the kernel after 1 s instead of its default 10 s,
+/// and at once rather than through a second, "muzzy" decay: a controller allocates in bursts
+/// (a relist, a discovery run) between long quiet spells, and with the defaults the pages of
+/// a burst stayed resident. Measured at N = 400 CRDs over repeated runs: about 1.4 MiB less
+/// anonymous RSS with the same live heap (`benches/results/jemalloc-decay`).
+///
+/// Set at run time through `mallctl`, before the runtime starts its threads: for the arenas
+/// created from now on and for those that exist. Not done when `_RJEM_MALLOC_CONF` is set (as
+/// [`use_first_arena`]). jemalloc's `malloc_conf` symbol would set both at once, but exporting
+/// it needs `unsafe`, which the workspace forbids.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn tune_jemalloc() -> Result<(), tikv_jemalloc_ctl::Error> {
     use tikv_jemalloc_ctl::{Access as _, AsName as _};

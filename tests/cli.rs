@@ -235,7 +235,7 @@ fn assert_one_line_error(out: &std::process::Output, needle: &str) {
 }
 
 /// The binary carries its relative relocations packed (`build.rs`): `readelf -d` lists a RELR
-/// entry. Without it the dynamic linker reads ~860 KB of relocations at every start, and they
+/// entry. Without it the dynamic linker reads ~1.1 MB of relocations at every start, and they
 /// stay resident.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[test]

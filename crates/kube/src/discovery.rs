@@ -1,9 +1,10 @@
 //! Discovery: what a cluster serves, in the terms of the pure
 //! [`Resolver`](lazyquota_index::resolver::Resolver).
 //!
-//! Aggregated discovery (two requests: `/api` and `/apis`) where the server supports it,
-//! the per-group walk for whichever of the two it answered with a legacy list. There is no discovery watch in Kubernetes; the controller
-//! re-runs this when CustomResourceDefinitions or APIServices change, and on a slow poll.
+//! Aggregated discovery (two requests: `/api` and `/apis`) where the server supports it, the
+//! per-group walk for whichever of the two it answered with a legacy list. There is no
+//! discovery watch in Kubernetes; the controller re-runs this when CustomResourceDefinitions
+//! or APIServices change, and on a slow poll.
 
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{APIGroupList, APIResourceList, APIVersions};
@@ -42,11 +43,17 @@ pub async fn discover(client: &Client, route: &Route) -> Result<Discovered, kube
     // Servers older than 1.26 may refuse the aggregated media type: ask once more, plainly.
     let core = match core {
         Ok(answer) => answer,
-        Err(_) => Answer::Legacy(get(client, at("/api")).await?),
+        Err(error) => {
+            tracing::debug!(%error, "aggregated /api refused; asking for the legacy list");
+            Answer::Legacy(get(client, at("/api")).await?)
+        }
     };
     let apis = match apis {
         Ok(answer) => answer,
-        Err(_) => Answer::Legacy(get(client, at("/apis")).await?),
+        Err(error) => {
+            tracing::debug!(%error, "aggregated /apis refused; asking for the legacy list");
+            Answer::Legacy(get(client, at("/apis")).await?)
+        }
     };
     let plan = Plan::new(core, apis).map_err(kube::Error::SerdeError)?;
     let mut found = Discovered::default();
@@ -284,10 +291,10 @@ mod tests {
     }
 
     #[test]
-    fn kcp_answers_walk_only_the_legacy_groups_and_never_ask_again() {
+    fn kcp_answers_leave_only_the_legacy_groups_to_walk() {
         let plan = Plan::new(answer(KCP_API), answer(KCP_APIS)).unwrap();
-        // The requests after /api and /apis: one per version of a group /apis listed; the
-        // core group came aggregated, and neither document is fetched a second time.
+        // What `discover` asks for after /api and /apis: one request per version of a group
+        // /apis listed; the core group came aggregated, and neither document is in the plan.
         assert_eq!(
             walked(&plan),
             [
