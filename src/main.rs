@@ -1,5 +1,7 @@
 //! The `lazyquota` binary: CLI and wiring. The work happens in the library crates.
 
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+mod jemalloc;
 mod server;
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
@@ -379,75 +381,23 @@ enum LogFormat {
     Json,
 }
 
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
-/// Has the calling thread allocate from jemalloc's first arena, as every thread of the
-/// process does (the main thread and each runtime thread as it starts). jemalloc gives each
-/// thread one of 4 × CPUs arenas by default, for allocation-heavy programs with many threads;
-/// lazyquota's work is one task, and every arena in use keeps its own partly filled slabs,
-/// dirty pages and metadata. Measured at N = 400 CRDs (one arena through `narenas:1`): about
-/// 0.9 MiB less anonymous RSS. The threads' caches (tcache) still serve most allocations
-/// without the arena's lock. jemalloc picks an arena for a thread before it can be moved, so
-/// a runtime thread may still create one, which then stays empty (its metadata only).
-///
-/// Not done when `_RJEM_MALLOC_CONF` is set, whatever it says: an operator who tunes jemalloc
-/// gets jemalloc's defaults plus their own options, not ours.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn use_first_arena() {
-    use tikv_jemalloc_ctl::{Access as _, AsName as _};
-    if std::env::var_os("_RJEM_MALLOC_CONF").is_none() {
-        // Arena 0 always exists; the write fails only if jemalloc lacks the option.
-        let _ = "thread.arena\0".name().write(0_u32);
-    }
-}
-
-/// Has jemalloc give unused pages back to the kernel after 1 s instead of its default 10 s,
-/// and at once rather than through a second, "muzzy" decay: a controller allocates in bursts
-/// (a relist, a discovery run) between long quiet spells, and with the defaults the pages of
-/// a burst stayed resident. Measured at N = 400 CRDs over repeated runs: about 1.4 MiB less
-/// anonymous RSS with the same live heap (`benches/results/jemalloc-decay`).
-///
-/// Set at run time through `mallctl`, before the runtime starts its threads: for the arenas
-/// created from now on and for those that exist. Not done when `_RJEM_MALLOC_CONF` is set (as
-/// [`use_first_arena`]). jemalloc's `malloc_conf` symbol would set both at once, but exporting
-/// it needs `unsafe`, which the workspace forbids.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn tune_jemalloc() -> Result<(), tikv_jemalloc_ctl::Error> {
-    use tikv_jemalloc_ctl::{Access as _, AsName as _};
-    if std::env::var_os("_RJEM_MALLOC_CONF").is_some() {
-        return Ok(());
-    }
-    let arenas = tikv_jemalloc_ctl::arenas::narenas::read()?;
-    for (kind, ms) in [("dirty", 1000_isize), ("muzzy", 0)] {
-        format!("arenas.{kind}_decay_ms\0").name().write(ms)?;
-        for arena in 0..arenas {
-            // Arenas not created yet answer EFAULT; they take the default above.
-            let _ = format!("arena.{arena}.{kind}_decay_ms\0").name().write(ms);
-        }
-    }
-    Ok(())
-}
-
-/// The multi-threaded runtime everything runs on; its threads allocate from jemalloc's
-/// first arena.
-fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+/// The multi-threaded runtime everything runs on; with `on_thread_start`, a hook each of its
+/// threads runs first.
+fn runtime(on_thread_start: Option<fn()>) -> std::io::Result<tokio::runtime::Runtime> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    builder.on_thread_start(use_first_arena);
+    if let Some(hook) = on_thread_start {
+        builder.on_thread_start(hook);
+    }
     builder.enable_all().build()
 }
 
 fn main() -> ExitCode {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    if let Err(error) = tune_jemalloc() {
-        eprintln!("lazyquota: cannot set jemalloc's decay (running with its defaults): {error}");
-    }
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    use_first_arena();
+    let on_thread_start = jemalloc::tune();
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let on_thread_start = None;
     let cli = Cli::parse();
-    let runtime = match runtime() {
+    let runtime = match runtime(on_thread_start) {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("lazyquota: cannot start the async runtime: {error}");
@@ -967,63 +917,5 @@ fn print_table(rows: &[Vec<String>]) {
             .map(|(cell, w)| format!("{cell:<w$}"))
             .collect();
         println!("{}", line.join("  ").trim_end());
-    }
-}
-
-#[cfg(all(test, target_os = "linux", target_env = "gnu"))]
-mod tests {
-    use tikv_jemalloc_ctl::{Access as _, AsName as _};
-
-    /// `tune_jemalloc` names real options (a wrong name is an error, not a silent no-op) and
-    /// sets them for the arenas that exist and those created later.
-    #[test]
-    fn jemalloc_returns_unused_pages_after_one_second() {
-        if std::env::var_os("_RJEM_MALLOC_CONF").is_some() {
-            eprintln!("_RJEM_MALLOC_CONF is set: it overrides the built-in options");
-            return;
-        }
-        super::tune_jemalloc().unwrap();
-        for key in ["arenas.dirty_decay_ms\0", "arena.0.dirty_decay_ms\0"] {
-            let ms: isize = key.name().read().unwrap();
-            assert_eq!(ms, 1000, "{key}");
-        }
-        for key in ["arenas.muzzy_decay_ms\0", "arena.0.muzzy_decay_ms\0"] {
-            let ms: isize = key.name().read().unwrap();
-            assert_eq!(ms, 0, "{key}");
-        }
-        // A thread started now allocates from an arena with the same decay, made before or
-        // after the call.
-        let ms = std::thread::spawn(|| {
-            let buffer = vec![1_u8; 1 << 20];
-            let arena: u32 = "thread.arena\0".name().read().unwrap();
-            drop(buffer);
-            let ms: isize = format!("arena.{arena}.dirty_decay_ms\0").name().read().unwrap();
-            ms
-        })
-        .join()
-        .unwrap();
-        assert_eq!(ms, 1000);
-    }
-
-    /// Every thread of the runtime allocates from arena 0 (jemalloc would give each new
-    /// thread an arena of its own).
-    #[test]
-    fn runtime_threads_share_the_first_arena() {
-        if std::env::var_os("_RJEM_MALLOC_CONF").is_some() {
-            return;
-        }
-        let arena = || -> u32 {
-            let buffer = vec![1_u8; 4096];
-            let arena = "thread.arena\0".name().read().unwrap();
-            drop(buffer);
-            arena
-        };
-        let runtime = super::runtime().unwrap();
-        let (worker, blocking) = runtime.block_on(async move {
-            let worker = tokio::spawn(async move { arena() }).await.unwrap();
-            let blocking = tokio::task::spawn_blocking(arena).await.unwrap();
-            (worker, blocking)
-        });
-        assert_eq!((worker, blocking), (0, 0));
     }
 }

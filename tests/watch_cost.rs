@@ -4,11 +4,13 @@
 //! watch loop of our own would pay: only what lies above the HTTP/2 stream could be saved.
 #![cfg(all(target_os = "linux", target_env = "gnu"))]
 
+mod common;
+
 use std::{sync::Arc, time::Duration};
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ListParams, PartialObjectMeta, PostParams, WatchParams};
+use kube::api::{Api, ListParams, PartialObjectMeta, WatchParams};
 use lazyquota_index::{
     keys::{ClusterName, Need},
     planner::WatchKey,
@@ -39,12 +41,6 @@ fn allocated() -> f64 {
     bytes
 }
 
-fn configmap(name: &str) -> ConfigMap {
-    let mut cm = ConfigMap::default();
-    cm.metadata.name = Some(name.to_owned());
-    cm
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_watch_costs_under_16_kib_of_heap() {
     #[allow(clippy::cast_precision_loss)]
@@ -67,10 +63,7 @@ async fn an_open_watch_costs_under_16_kib_of_heap() {
     let client = pool.client(config).expect("client");
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), ns.name());
     for name in ["a", "b", "c"] {
-        configmaps
-            .create(&PostParams::default(), &configmap(name))
-            .await
-            .expect("configmap");
+        common::create_configmap(&ns, name).await;
     }
     let served = ServedResource {
         resource: GroupResource::core("configmaps"),
@@ -106,10 +99,7 @@ async fn an_open_watch_costs_under_16_kib_of_heap() {
     open(WARM_UP).await;
     let before = allocated();
     open(WATCHES).await;
-    configmaps
-        .create(&PostParams::default(), &configmap("d"))
-        .await
-        .expect("configmap");
+    common::create_configmap(&ns, "d").await;
     for (stream, _) in &mut opened {
         let item = tokio::time::timeout(Duration::from_secs(30), stream.next()).await;
         assert!(

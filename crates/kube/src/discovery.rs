@@ -40,21 +40,8 @@ pub async fn discover(client: &Client, route: &Route) -> Result<Discovered, kube
     // answer are walked and neither document is asked for twice.
     let (apis, core) =
         futures::future::join(aggregated(client, &at("/apis")), aggregated(client, &at("/api"))).await;
-    // Servers older than 1.26 may refuse the aggregated media type: ask once more, plainly.
-    let core = match core {
-        Ok(answer) => answer,
-        Err(error) => {
-            tracing::debug!(%error, "aggregated /api refused; asking for the legacy list");
-            Answer::Legacy(get(client, at("/api")).await?)
-        }
-    };
-    let apis = match apis {
-        Ok(answer) => answer,
-        Err(error) => {
-            tracing::debug!(%error, "aggregated /apis refused; asking for the legacy list");
-            Answer::Legacy(get(client, at("/apis")).await?)
-        }
-    };
+    let core = or_legacy(client, at("/api"), core).await?;
+    let apis = or_legacy(client, at("/apis"), apis).await?;
     let plan = Plan::new(core, apis).map_err(kube::Error::SerdeError)?;
     let mut found = Discovered::default();
     read_aggregated(plan.aggregated, &mut found);
@@ -168,6 +155,22 @@ async fn aggregated(client: &Client, path: &str) -> Result<Answer, kube::Error> 
         .map_err(kube::Error::HttpError)?;
     let body: serde_json::Value = client.request(request).await?;
     Answer::read(body).map_err(kube::Error::SerdeError)
+}
+
+/// `answer`, or, if the aggregated request failed, the legacy list at `path` asked for once
+/// more, plainly (servers older than 1.26 may refuse the aggregated media type).
+async fn or_legacy(
+    client: &Client,
+    path: String,
+    answer: Result<Answer, kube::Error>,
+) -> Result<Answer, kube::Error> {
+    match answer {
+        Ok(answer) => Ok(answer),
+        Err(error) => {
+            tracing::debug!(%error, path, "aggregated discovery refused; asking for the legacy list");
+            get(client, path).await.map(Answer::Legacy)
+        }
+    }
 }
 
 impl Answer {
