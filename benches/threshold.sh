@@ -42,7 +42,7 @@ measure() {
   # measure THRESHOLD: runs lazyquota until every quota is written, then samples it.
   local threshold=$1 mport
   mport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  RUST_LOG=warn target/release/lazyquota run --kubeconfig "$LAZYQUOTA_KUBECONFIG" \
+  RUST_LOG=warn "target/$(rustc --print host-tuple)/release/lazyquota" run --kubeconfig "$LAZYQUOTA_KUBECONFIG" \
     --namespace-watch-threshold "$threshold" --metrics-addr "127.0.0.1:$mport" 2>/dev/null &
   local pid=$!
   local want=$((c + 1)) # plus the root CA ConfigMap

@@ -69,4 +69,4 @@ run=${run%%\\*}
 run=${run%%&&*}
 echo "build-stage: copied $copies paths; running cargo build$run" >&2
 (cd "$stage" && CARGO_TARGET_DIR="$repo/target" cargo build $run)
-echo "$repo/target/release/lazyquota"
+echo "$repo/target/$(rustc --print host-tuple)/release/lazyquota"

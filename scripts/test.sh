@@ -67,4 +67,4 @@ phase "bench: kcp seed scenario (bounded)" cargo bench --locked --bench kcp -- -
 # same cargo build (after the benches, whose release dependencies it reuses).
 phase "image build stage" bash deploy/build-stage.sh
 # The chart's pods on two real nodes (kubelet, containerd, runc), with that binary's image.
-phase "helm on nodes" bash tests/helm/node-test.sh "$PWD/target/release/lazyquota"
+phase "helm on nodes" bash tests/helm/node-test.sh "$PWD/target/$(rustc --print host-tuple)/release/lazyquota"

@@ -248,6 +248,37 @@ fn the_binary_packs_its_relative_relocations() {
     assert!(out.status.success() && dynamic.contains("(RELR)"), "{dynamic}");
 }
 
+// The binary is linked statically (.cargo/config.toml): no program interpreter, no shared
+// library, and yet a server given by host name is reached, through glibc's own files and DNS
+// lookups linked into it.
+#[test]
+fn the_binary_is_static_and_still_resolves_host_names() {
+    let readelf = |flag: &str| {
+        let out = Command::new("readelf")
+            .args([flag, env!("CARGO_BIN_EXE_lazyquota")])
+            .output()
+            .expect("readelf (binutils) runs");
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let headers = readelf("--program-headers");
+    assert!(
+        headers.contains("LOAD") && !headers.contains("INTERP"),
+        "{headers}"
+    );
+    let dynamic = readelf("--dynamic");
+    assert!(!dynamic.contains("(NEEDED)"), "{dynamic}");
+
+    let real = std::fs::read_to_string(kubeconfig()).expect("the test kubeconfig");
+    assert!(real.contains("https://127.0.0.1:"), "{real}");
+    let dir = std::env::temp_dir().join(lazyquota_testenv::unique_name("cli-static"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let by_name = dir.join("kubeconfig");
+    std::fs::write(&by_name, real.replace("https://127.0.0.1:", "https://localhost:")).unwrap();
+    let out = lazyquota(&["explain", "--kubeconfig", by_name.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 #[test]
 fn bad_input_gives_one_clear_error_line_and_a_non_zero_exit() {
     let missing = lazyquota(&["usage", "--kubeconfig", "/nonexistent/kubeconfig"]);

@@ -31,7 +31,7 @@ impl Lazyquota {
         let log = std::env::temp_dir().join(format!("{}.log", unique_name("lazyquota")));
         let out = std::fs::File::create(&log).expect("log file");
         // LAZYQUOTA_TEST_BIN: a copy of the binary, so a long test loop is not disturbed by
-        // a rebuild of target/debug/lazyquota.
+        // a rebuild of the debug binary.
         let bin = std::env::var("LAZYQUOTA_TEST_BIN")
             .unwrap_or_else(|_| env!("CARGO_BIN_EXE_lazyquota").to_owned());
         let child = Command::new(bin)

@@ -133,9 +133,9 @@ if [[ -n ${LAZYQUOTA_NODE_IMAGE:-} ]]; then
   tag=${LAZYQUOTA_NODE_IMAGE_TAG:-$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}/\1/p' "$repo/charts/lazyquota/Chart.yaml")}
   lazyquota_image=docker.io/library/lazyquota:$tag
   # The image deploy/Dockerfile describes: the binary at /lazyquota, user 65532, entrypoint
-  # `/lazyquota run`, on glibc and libgcc. distroless/cc-debian12 takes those libraries from
-  # Debian 12's libc6 and libgcc-s1; here they come from the same packages on this machine,
-  # found by the dynamic loader (jemalloc is linked into the binary).
+  # `/lazyquota run`. The release binary is static (.cargo/config.toml), so ldd lists nothing
+  # and the image holds the binary alone; a dynamic build (another target's flags) brings the
+  # libraries the dynamic loader finds, as distroless/cc-debian12 would provide them.
   files=("--file" "$LAZYQUOTA_NODE_IMAGE:/lazyquota:0755")
   while read -r lib; do
     [[ -n $lib ]] && files+=("--file" "$lib:$lib:0755")
