@@ -134,8 +134,9 @@ if [[ -n ${LAZYQUOTA_NODE_IMAGE:-} ]]; then
   lazyquota_image=docker.io/library/lazyquota:$tag
   # The image deploy/Dockerfile describes: the binary at /lazyquota, user 65532, entrypoint
   # `/lazyquota run`. The release binary is static (.cargo/config.toml), so ldd lists nothing
-  # and the image holds the binary alone; a dynamic build (another target's flags) brings the
-  # libraries the dynamic loader finds, as distroless/cc-debian12 would provide them.
+  # and the image holds the binary alone, as distroless/static-debian12 adds only files it
+  # does not read; a dynamic build (another target's flags) brings the libraries the dynamic
+  # loader finds.
   files=("--file" "$LAZYQUOTA_NODE_IMAGE:/lazyquota:0755")
   while read -r lib; do
     [[ -n $lib ]] && files+=("--file" "$lib:$lib:0755")
