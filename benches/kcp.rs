@@ -126,7 +126,7 @@ impl Args {
                 samples: 20,
                 concurrency: 12,
                 settle: Duration::from_secs(20),
-                settle_max: Duration::from_secs(180),
+                settle_max: Duration::from_mins(3),
                 lq_settle: Duration::from_secs(100),
                 shared_threshold: 2,
                 poll: Duration::from_secs(2),
@@ -748,10 +748,10 @@ async fn create_workspaces(shard: &Shard, names: &[String], concurrency: usize) 
             let path = "/clusters/root/apis/tenancy.kcp.io/v1alpha1/workspaces";
             let body = json!({"apiVersion": "tenancy.kcp.io/v1alpha1", "kind": "Workspace",
                               "metadata": {"name": name}});
-            create(&shard.admin, path, &body, Duration::from_secs(60))
+            create(&shard.admin, path, &body, Duration::from_mins(1))
                 .await
                 .unwrap_or_else(|e| panic!("workspace {name}: {e}"));
-            let deadline = Instant::now() + Duration::from_secs(180);
+            let deadline = Instant::now() + Duration::from_mins(3);
             let cluster = loop {
                 if let Ok(ws) = call(&shard.admin, "GET", &format!("{path}/{name}"), None).await
                     && ws["status"]["phase"] == "Ready"
@@ -770,7 +770,7 @@ async fn create_workspaces(shard: &Shard, names: &[String], concurrency: usize) 
                 &shard.admin,
                 &format!("/clusters/root:{name}/api/v1/namespaces"),
                 &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}),
-                Duration::from_secs(60),
+                Duration::from_mins(1),
             )
             .await
             .unwrap_or_else(|e| panic!("workspace root:{name} not serving within 60 s: {e}"));
@@ -798,7 +798,7 @@ async fn create_exports(shard: &Shard, plan: &Plan, concurrency: usize) {
                                   "plural": ty.plural, "singular": ty.kind.to_ascii_lowercase()},
                         "versions": [{"name": ty.version, "served": true, "storage": true,
                             "schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}]}}),
-                Duration::from_secs(60),
+                Duration::from_mins(1),
             )
             .await
             .unwrap_or_else(|e| panic!("{e}"));
@@ -809,7 +809,7 @@ async fn create_exports(shard: &Shard, plan: &Plan, concurrency: usize) {
                     "metadata": {"name": format!("e{e}")},
                     "spec": {"resources": [{"name": ty.plural, "group": ty.group, "schema": schema,
                                             "storage": {"crd": {}}}]}}),
-                Duration::from_secs(60),
+                Duration::from_mins(1),
             )
             .await
             .unwrap_or_else(|e| panic!("{e}"));
@@ -846,7 +846,7 @@ async fn bind_step(
                         "metadata": {"name": format!("e{e}")},
                         "spec": {"reference": {"export": {"path": format!("root:{}", plan.provider_of(e)),
                                                           "name": format!("e{e}")}}}}),
-                Duration::from_secs(60),
+                Duration::from_mins(1),
             )
             .await
             .unwrap_or_else(|e| panic!("{e}"));
@@ -911,7 +911,7 @@ async fn bind_step(
                 ),
                 &json!({"apiVersion": format!("{}/{}", ty.group, ty.version), "kind": ty.kind,
                         "metadata": {"name": format!("o{o}")}}),
-                Duration::from_secs(60),
+                Duration::from_mins(1),
             )
             .await
             .unwrap_or_else(|e| panic!("{e}"));
@@ -987,7 +987,7 @@ async fn synced(
     }
 }
 
-const LATENCY_PATIENCE: Duration = Duration::from_secs(120);
+const LATENCY_PATIENCE: Duration = Duration::from_mins(2);
 
 /// One sample: a quota created in a consumer without one → status.used = objects.
 async fn create_to_status(shard: &Shard, cluster: &str, key: &str, objects: usize, who: &str) -> Duration {

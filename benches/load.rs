@@ -235,7 +235,7 @@ async fn run(args: &Args, state: &Path) -> String {
             }
         })
         .await;
-    let converged = converge(&client, Duration::from_secs(600)).await;
+    let converged = converge(&client, Duration::from_mins(10)).await;
     let first = started.elapsed();
     let _ = writeln!(
         report,
@@ -262,7 +262,7 @@ async fn run(args: &Args, state: &Path) -> String {
     let deleted = paced(&client, &victims, args.delete_rate, Op::Delete).await;
     let pace = started.elapsed();
     let settle = Instant::now();
-    let converged = converge(&client, Duration::from_secs(600)).await;
+    let converged = converge(&client, Duration::from_mins(10)).await;
     let _ = writeln!(
         report,
         "| {deleted} deletes at {}/s ({:.1} s) | {} | {:.1} s after the last delete |",
@@ -293,7 +293,7 @@ async fn run(args: &Args, state: &Path) -> String {
             samples.push((soak_start.elapsed().as_secs_f64(), sample(port, pid).await));
         }
     }
-    let converged = converge(&client, Duration::from_secs(300)).await;
+    let converged = converge(&client, Duration::from_mins(5)).await;
     let _ = writeln!(
         report,
         "| soak: {round} s-rounds of {} creates + deletes | {} | after {:.0} s |\n",

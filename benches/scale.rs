@@ -588,7 +588,7 @@ async fn measure(
             break;
         }
         assert!(
-            started.elapsed() < Duration::from_secs(600),
+            started.elapsed() < Duration::from_mins(10),
             "{} never synced",
             controller.name()
         );
@@ -638,7 +638,7 @@ async fn measure(
             .await
             .expect("new quota");
             while !quota_matches(&api, &format!("new-{j}"), &want).await {
-                assert!(t.elapsed() < Duration::from_secs(120), "new quota never computed");
+                assert!(t.elapsed() < Duration::from_mins(2), "new quota never computed");
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             sample.new_quota.push(t.elapsed());
@@ -665,7 +665,7 @@ async fn measure(
             .await
             .expect("delete pod");
         while !quota_matches(&quotas_api, "compute", &want).await {
-            assert!(t.elapsed() < Duration::from_secs(600), "delete never replenished");
+            assert!(t.elapsed() < Duration::from_mins(10), "delete never replenished");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         sample.delete.push(t.elapsed());

@@ -172,7 +172,7 @@ async fn cuts_and_compaction_under_racing_churn_lose_nothing() {
         .await
         .unwrap_or_else(|| panic!("exactly {expected} after {cut} cuts and {compactions} compactions"));
     assert!(
-        eventually(Duration::from_secs(60), || converged(&racing))
+        eventually(Duration::from_mins(1), || converged(&racing))
             .await
             .is_some(),
         "converged"

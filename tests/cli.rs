@@ -442,7 +442,7 @@ async fn run_and_explain_plan_the_same_watches_with_the_same_flags() {
         let process =
             common::process::Lazyquota::start(Path::new(&kubeconfig), &[flags, &["--shadow"]].concat());
         let last = std::cell::RefCell::new(String::new());
-        let agreed = lazyquota_testenv::eventually(std::time::Duration::from_secs(60), || {
+        let agreed = lazyquota_testenv::eventually(std::time::Duration::from_mins(1), || {
             let (process, kubeconfig, last) = (&process, &kubeconfig, &last);
             async move {
                 let mut args = vec!["explain", "--kubeconfig", kubeconfig, "-o", "json"];

@@ -52,7 +52,7 @@ async fn admission_enforces_count_quota_that_kcm_accounts() {
         .create(&PostParams::default(), &quota("3"))
         .await
         .expect("create quota");
-    eventually(Duration::from_secs(60), || async {
+    eventually(Duration::from_mins(1), || async {
         quotas
             .get("count-configmaps")
             .await
@@ -75,7 +75,7 @@ async fn admission_enforces_count_quota_that_kcm_accounts() {
         .expect("lower the limit to 2");
 
     // KCM fills status.used with the number of ConfigMaps that exist.
-    let used = eventually(Duration::from_secs(60), || async {
+    let used = eventually(Duration::from_mins(1), || async {
         let q = quotas.get("count-configmaps").await.ok()?;
         let status = q.status?;
         let hard = status.hard?.get("count/configmaps")?.0.clone();
@@ -130,7 +130,7 @@ async fn kcm_quota_controller_is_switchable_and_kcm_metrics_are_readable() {
     // once the controller is constructed): wait for the namespace controller's queue, which
     // both flavours run, before looking for the quota controller's.
     let settled = |flavor: Flavor, want_quota: bool| async move {
-        eventually(Duration::from_secs(60), || async move {
+        eventually(Duration::from_mins(1), || async move {
             let metrics = ControlPlane::get(flavor).kcm_metrics().await.ok()?;
             let ready = metrics.contains("workqueue_adds_total") && metrics.contains("name=\"namespace\"");
             (ready && (!want_quota || metrics.contains(queue))).then_some(metrics)

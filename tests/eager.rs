@@ -27,7 +27,7 @@ async fn eager_mode_watches_every_quotable_type() {
     let group = format!("{}.lazyquota.test", unique_name("g"));
     create_crd(&client, &group, "sprockets").await;
 
-    let expected = eventually(Duration::from_secs(60), || async {
+    let expected = eventually(Duration::from_mins(1), || async {
         let discovered = discover(&client, &lazyquota_kube::route::Route::direct())
             .await
             .ok()?;

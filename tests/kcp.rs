@@ -26,7 +26,7 @@ use lazyquota_testenv::{
     unique_name,
 };
 
-const WAIT: Duration = Duration::from_secs(60);
+const WAIT: Duration = Duration::from_mins(1);
 
 /// Tests of one shard share its quotas: one at a time per shard.
 static LAZYQUOTA_ONLY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

@@ -502,7 +502,7 @@ async fn a_namespace_deleted_with_quotas_releases_its_watches() {
 
     let kept_name = kept.name().to_owned();
     doomed.delete().await.expect("delete namespace");
-    let released = eventually(Duration::from_secs(60), || async {
+    let released = eventually(Duration::from_mins(1), || async {
         (apiserver_watches(cp, &group, "onlys").await == 0 && !has_watch(&snapshots, &only_key).await)
             .then_some(())
     })
@@ -580,7 +580,7 @@ async fn an_unavailable_apiservice_holds_only_its_keys() {
         .await
         .expect("store a previous value");
 
-    let event = common::event_with(&ns, "ResourceUnavailable", &group, Duration::from_secs(60)).await;
+    let event = common::event_with(&ns, "ResourceUnavailable", &group, Duration::from_mins(1)).await;
     assert!(event.is_some(), "an Event names the unavailable group");
     let reported = snapshots.get().await.expect("controller").unavailable_groups;
     assert!(reported.contains(&group), "the group is reported: {reported:?}");

@@ -205,7 +205,7 @@ async fn prometheus_scrapes_the_active_watch_gauge() {
     let _prometheus = Kill(prometheus);
 
     let query = "/api/v1/query?query=lazyquota_active_watches%7Bresource%3D%22secrets%22%7D";
-    let result = eventually(Duration::from_secs(60), || async {
+    let result = eventually(Duration::from_mins(1), || async {
         let (status, body) = http_get(web, query).await?;
         let json: serde_json::Value = serde_json::from_str(&body).ok()?;
         let value = json["data"]["result"][0]["value"][1].as_str()?.to_owned();
@@ -223,7 +223,7 @@ async fn prometheus_scrapes_the_active_watch_gauge() {
         "/api/v1/query?query=lazyquota_quota_usage_ratio%7Bnamespace%3D%22{}%22%2Cquota%3D%22q%22%2Cresource%3D%22count%2Fsecrets%22%7D",
         ns.name()
     );
-    let value = eventually(Duration::from_secs(60), || async {
+    let value = eventually(Duration::from_mins(1), || async {
         let (_, body) = http_get(web, &ratio).await?;
         let json: serde_json::Value = serde_json::from_str(&body).ok()?;
         json["data"]["result"][0]["value"][1].as_str().map(str::to_owned)
@@ -378,7 +378,7 @@ async fn a_standby_takes_over_when_the_leader_dies_and_never_both_lead() {
     // The churn ends; the new leader's status converges to a direct recomputation.
     churn.await.expect("churn");
     assert!(
-        eventually(Duration::from_secs(60), || common::converged(&ns))
+        eventually(Duration::from_mins(1), || common::converged(&ns))
             .await
             .is_some(),
         "converged after the leader died mid-writes; log:\n{}",

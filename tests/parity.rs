@@ -36,7 +36,7 @@ use common::process::Lazyquota;
 /// Seeds run at the same time (each in its own namespace).
 const PARALLEL: usize = 4;
 /// Bound on each wait for KCM.
-const SYNC_TIMEOUT: Duration = Duration::from_secs(60);
+const SYNC_TIMEOUT: Duration = Duration::from_mins(1);
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)

@@ -68,7 +68,7 @@ async fn quotas_converge_after_apiserver_and_etcd_restarts() {
         cp.kill_and_restart(component).await;
         // While lazyquota's watches reconnect: deletes (which it must see to lower usage)
         // and creates (which admission charges).
-        let client_ready = eventually(Duration::from_secs(60), || async {
+        let client_ready = eventually(Duration::from_mins(1), || async {
             ns.api::<Secret>()
                 .delete(&format!("s{round}"), &DeleteParams::default())
                 .await
@@ -80,7 +80,7 @@ async fn quotas_converge_after_apiserver_and_etcd_restarts() {
             "round {round}: the apiserver answers after restarting {component}"
         );
         create_configmap(&ns, &format!("after-{round}")).await;
-        let converged = eventually(Duration::from_secs(60), || converged(&ns)).await;
+        let converged = eventually(Duration::from_mins(1), || converged(&ns)).await;
         assert!(
             converged.is_some(),
             "round {round}: status.used converges after restarting {component}"

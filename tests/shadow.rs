@@ -30,11 +30,11 @@ async fn shadow_mode_agrees_with_kcm_on_the_parity_fixtures() {
             .expect("namespace");
         let fixture = fixtures::populate(&ns, 1000 + seed).await.expect("fixture");
         fixture
-            .wait_for_status(&ns, Duration::from_secs(60))
+            .wait_for_status(&ns, Duration::from_mins(1))
             .await
             .expect("KCM syncs the quotas");
         fixture
-            .force_recalculation(&ns, Duration::from_secs(60))
+            .force_recalculation(&ns, Duration::from_mins(1))
             .await
             .expect("KCM recalculates");
         let before: Vec<ResourceQuota> = ns
@@ -59,7 +59,7 @@ async fn shadow_mode_agrees_with_kcm_on_the_parity_fixtures() {
                 .and_then(|q| q.status.as_ref()?.used.clone())
                 .unwrap_or_default()
         };
-        let agreed = eventually(Duration::from_secs(60), || async {
+        let agreed = eventually(Duration::from_mins(1), || async {
             let snapshot = shadow.get().await?;
             let compared = keys.iter().all(|k| snapshot.shadow_verdicts.contains_key(k));
             let disagree = snapshot.disagreements.keys().any(|(q, _)| keys.contains(q));

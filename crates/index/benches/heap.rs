@@ -610,7 +610,7 @@ fn measure_engaged() -> EngagedCost {
     let mut membership = Membership::default();
     membership.clusters_listed(clusters.iter().map(|c| (c.clone(), "Ready".to_owned())));
     let known = HeapStats::get();
-    let mut discoveries = Discoveries::new(Duration::from_secs(300), 4);
+    let mut discoveries = Discoveries::new(Duration::from_mins(5), 4);
     // As the shard's engine has it (kcp's quota semantics: cluster-scoped types resolve too).
     let mut engine = Engine::new(FeatureGates::default()).with_kcp_semantics();
     let mut watches = Watches::new(settings, true, ObjectIds::default());

@@ -132,7 +132,7 @@ pub struct Fanout<S: Sink> {
 /// How long a join list waits after `failures` failed ones: none at first, then 2 s doubling
 /// up to 5 minutes.
 fn join_backoff(failures: u32) -> Duration {
-    doubling(Duration::from_secs(2), failures, Duration::from_secs(300))
+    doubling(Duration::from_secs(2), failures, Duration::from_mins(5))
 }
 
 impl<S: Sink> Fanout<S> {

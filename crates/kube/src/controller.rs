@@ -114,11 +114,11 @@ impl Default for Config {
         Self {
             cluster: ClusterName::new("default"),
             mode: Mode::Lazy,
-            resync_period: Duration::from_secs(300),
+            resync_period: Duration::from_mins(5),
             concurrency: 5,
             shadow: false,
             namespace_watch_threshold: 8,
-            discovery_poll: Duration::from_secs(300),
+            discovery_poll: Duration::from_mins(5),
             gates: FeatureGates::default(),
             streaming_lists: Some(false),
             instance: "lazyquota".into(),
@@ -1357,7 +1357,7 @@ fn report_spec_problems(key: &QuotaKey, problems: &[lazyquota_quota::SpecProblem
 }
 
 fn far_future() -> tokio::time::Instant {
-    tokio::time::Instant::now() + Duration::from_secs(86_400 * 365)
+    tokio::time::Instant::now() + Duration::from_hours(8760)
 }
 
 /// The next item of an optional stream (never, without one).

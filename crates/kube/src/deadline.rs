@@ -256,7 +256,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_request_without_an_answer_fails_at_its_deadline() {
-        let mut svc = service(Duration::from_secs(3600), Duration::ZERO);
+        let mut svc = service(Duration::from_hours(1), Duration::ZERO);
         let error = svc.call(get("/api/v1/pods")).await.err().expect("times out");
         assert!(error.to_string().contains("request deadline"), "{error}");
     }

@@ -32,7 +32,7 @@ use crate::route::{Route, Routed};
 pub const MAX_SERIES: usize = 1024;
 
 /// How long a repeat counts as the same Event's series.
-const SERIES_TTL: Duration = Duration::from_secs(6 * 60);
+const SERIES_TTL: Duration = Duration::from_mins(6);
 
 /// What identifies a repeat: the quota, the type, the reason and the note.
 type SeriesKey = (QuotaKey, bool, String, String);

@@ -49,7 +49,7 @@ pub struct Restarts {
 
 impl Restarts {
     const FIRST: Duration = Duration::from_secs(1);
-    const MAX: Duration = Duration::from_secs(300);
+    const MAX: Duration = Duration::from_mins(5);
 
     /// `cluster`'s controller failed at `now` after running for `ran`; returns the wait.
     pub fn failed(&mut self, cluster: &ClusterName, ran: Duration, now: Instant) -> Duration {
@@ -175,13 +175,13 @@ mod tests {
         assert!(r.allowed(&c("a"), t0));
         let waits: Vec<Duration> = (0..12).map(|_| r.failed(&c("a"), short, t0)).collect();
         assert_eq!(waits[..4], [1, 2, 4, 8].map(Duration::from_secs));
-        assert_eq!(waits[11], Duration::from_secs(300), "capped at 5 minutes");
+        assert_eq!(waits[11], Duration::from_mins(5), "capped at 5 minutes");
         assert!(!r.allowed(&c("a"), t0 + Duration::from_secs(299)));
-        assert!(r.allowed(&c("a"), t0 + Duration::from_secs(300)));
+        assert!(r.allowed(&c("a"), t0 + Duration::from_mins(5)));
         assert!(r.allowed(&c("b"), t0), "other clusters are not held back");
-        assert_eq!(r.next_due(t0), Some(t0 + Duration::from_secs(300)));
+        assert_eq!(r.next_due(t0), Some(t0 + Duration::from_mins(5)));
         assert_eq!(
-            r.failed(&c("a"), Duration::from_secs(600), t0),
+            r.failed(&c("a"), Duration::from_mins(10), t0),
             Duration::from_secs(1),
             "after a long run the count starts again"
         );

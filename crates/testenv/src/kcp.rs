@@ -364,7 +364,7 @@ impl KcpShard {
             &format!("creating APIBinding {} in {consumer}", ty.plural),
         )
         .await?;
-        let identity = eventually(Duration::from_secs(60), || async {
+        let identity = eventually(Duration::from_mins(1), || async {
             let binding = bindings.get(&ty.plural).await.ok()?;
             if binding.data["status"]["phase"].as_str()? != "Bound" {
                 return None;

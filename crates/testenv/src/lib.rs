@@ -364,7 +364,7 @@ impl ControlPlane {
                 .expect("restart")
         };
         let mut child = spawn();
-        let healthy = eventually(Duration::from_secs(60), || {
+        let healthy = eventually(Duration::from_mins(1), || {
             // The killed process can hold its ports for a moment after SIGKILL: a restart that
             // exits at once (address in use) is started again.
             if child.try_wait().ok().flatten().is_some() {

@@ -8,7 +8,7 @@ fn c(name: &str) -> ClusterName {
     ClusterName::new(name)
 }
 
-const POLL: Duration = Duration::from_secs(300);
+const POLL: Duration = Duration::from_mins(5);
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)

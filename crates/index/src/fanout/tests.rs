@@ -166,8 +166,8 @@ fn a_failed_join_is_reported_and_retried_with_a_growing_backoff() {
         Some(WatchItem::Failed("join_list", _))
     ));
     assert_eq!(
-        doubling(Duration::from_secs(2), 30, Duration::from_secs(300)),
-        Duration::from_secs(300)
+        doubling(Duration::from_secs(2), 30, Duration::from_mins(5)),
+        Duration::from_mins(5)
     );
 }
 
