@@ -240,12 +240,18 @@ fn assert_one_line_error(out: &std::process::Output, needle: &str) {
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[test]
 fn the_binary_packs_its_relative_relocations() {
+    let dynamic = readelf("--dynamic");
+    assert!(dynamic.contains("(RELR)"), "{dynamic}");
+}
+
+/// `readelf FLAG` of the binary under test (binutils), which must succeed.
+fn readelf(flag: &str) -> String {
     let out = Command::new("readelf")
-        .args(["--dynamic", env!("CARGO_BIN_EXE_lazyquota")])
+        .args([flag, env!("CARGO_BIN_EXE_lazyquota")])
         .output()
         .expect("readelf (binutils) runs");
-    let dynamic = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && dynamic.contains("(RELR)"), "{dynamic}");
+    assert!(out.status.success(), "readelf {flag} failed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 // The binary is linked statically (.cargo/config.toml): no program interpreter, no shared
@@ -253,14 +259,6 @@ fn the_binary_packs_its_relative_relocations() {
 // lookups linked into it.
 #[test]
 fn the_binary_is_static_and_still_resolves_host_names() {
-    let readelf = |flag: &str| {
-        let out = Command::new("readelf")
-            .args([flag, env!("CARGO_BIN_EXE_lazyquota")])
-            .output()
-            .expect("readelf (binutils) runs");
-        assert!(out.status.success());
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
     let headers = readelf("--program-headers");
     assert!(
         headers.contains("LOAD") && !headers.contains("INTERP"),
