@@ -85,6 +85,8 @@ struct Args {
     poll: Duration,
     /// lazyquota's `--kcp-shared-watch-threshold`.
     shared_threshold: usize,
+    /// Steps of the exact-heap series (engaged workspaces 0, W/n, …, W); 0 skips it.
+    exact_steps: usize,
     out: PathBuf,
     quick: bool,
 }
@@ -111,6 +113,7 @@ impl Args {
                 settle_max: Duration::from_secs(30),
                 lq_settle: Duration::from_secs(2),
                 shared_threshold: 2,
+                exact_steps: 2,
                 poll: Duration::from_millis(500),
                 out: std::env::temp_dir().join("lazyquota-bench-kcp-quick"),
                 quick,
@@ -129,6 +132,7 @@ impl Args {
                 settle_max: Duration::from_mins(3),
                 lq_settle: Duration::from_secs(100),
                 shared_threshold: 2,
+                exact_steps: 4,
                 poll: Duration::from_secs(2),
                 out: repo().join("benches/results/kcp"),
                 quick,
@@ -153,10 +157,11 @@ impl Args {
                 "--lq-settle" => a.lq_settle = Duration::from_secs(num(value()) as u64),
                 "--out" => a.out = PathBuf::from(value()),
                 "--shared-threshold" => a.shared_threshold = num(value()),
+                "--exact-steps" => a.exact_steps = num(value()),
                 other => panic!(
                     "unknown flag {other} (--quick, --workspaces, --exports, --providers, \
                      --bindings-per-workspace, --objects, --quota-percent, --samples, --concurrency, \
-                     --settle, --settle-max, --lq-settle, --shared-threshold, --out)"
+                     --settle, --settle-max, --lq-settle, --shared-threshold, --exact-steps, --out)"
                 ),
             }
         }
@@ -310,6 +315,10 @@ struct Results {
     opened: BTreeMap<usize, usize>,
     /// Config 3 at the last step with fewer quotas: (engaged workspaces, reading).
     sweep: Vec<(usize, Reading)>,
+    /// The exact-heap series: (workspaces given a quota, reading), then the reading after
+    /// every one of those quotas was deleted.
+    exact: Vec<(usize, Reading)>,
+    exact_after: Option<Reading>,
     timeline: Vec<(String, Duration)>,
     kcp_version: String,
     /// Whether kcp's profiling endpoint ran the GCs asked for before each sample.
@@ -593,7 +602,16 @@ impl Drop for Lazyquota {
 }
 
 impl Lazyquota {
-    fn start(shard: &Shard, dir: &Path, bin: &Path, label: &str, shared_threshold: usize) -> Self {
+    /// Starts lazyquota against the shard; `malloc_conf`, if given, is jemalloc's
+    /// `_RJEM_MALLOC_CONF` (lazyquota then keeps jemalloc's defaults plus that).
+    fn start(
+        shard: &Shard,
+        dir: &Path,
+        bin: &Path,
+        label: &str,
+        shared_threshold: usize,
+        malloc_conf: Option<&str>,
+    ) -> Self {
         // The admin kubeconfig with the shard admin as its current context (wildcard requests).
         let kubeconfig = dir.join("lazyquota.kubeconfig");
         lazyquota_testenv::kcp::write_shard_kubeconfig(&shard.kubeconfig, &kubeconfig)
@@ -604,7 +622,11 @@ impl Lazyquota {
             .expect("addr")
             .port();
         let log = dir.join(format!("logs/lazyquota-{label}.log"));
-        let child = Command::new(bin)
+        let mut command = Command::new(bin);
+        if let Some(conf) = malloc_conf {
+            command.env("_RJEM_MALLOC_CONF", conf);
+        }
+        let child = command
             .arg("run")
             .arg("--kubeconfig")
             .arg(&kubeconfig)
@@ -946,12 +968,12 @@ async fn reset_status(shard: &Shard, clusters: &[String], standing: &[(usize, St
         .await;
 }
 
-/// Waits until every standing quota says `objects` for its key (one wildcard list per 200 ms);
+/// Waits until every quota `name` of `standing` says `objects` for its key (one wildcard list per 200 ms);
 /// fails after `patience` naming a quota that did not.
 async fn synced(
     shard: &Shard,
     clusters: &[String],
-    standing: &[(usize, String)],
+    (name, standing): (&str, &[(usize, String)]),
     objects: usize,
     patience: Duration,
     who: &str,
@@ -967,7 +989,7 @@ async fn synced(
             .iter()
             .filter(|(i, key)| {
                 quotas
-                    .get(&(clusters[*i].clone(), NS.to_owned(), STANDING.to_owned()))
+                    .get(&(clusters[*i].clone(), NS.to_owned(), name.to_owned()))
                     .and_then(|q| used(q, key))
                     != Some(objects as u64)
             })
@@ -1142,7 +1164,7 @@ async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
         let first = synced(
             &shard,
             &clusters,
-            &standing,
+            (STANDING, &standing),
             args.objects,
             patience,
             "kcp's quota controller",
@@ -1179,11 +1201,11 @@ async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
         res.readings.insert((s, Config::KcpOnly), reading);
 
         // 3: lazyquota on the shard (kcp's quota controller still off, nothing wrote since).
-        let mut lq = Lazyquota::start(&shard, dir, bin, &format!("b{b}"), args.shared_threshold);
+        let mut lq = Lazyquota::start(&shard, dir, bin, &format!("b{b}"), args.shared_threshold, None);
         let first = synced(
             &shard,
             &clusters,
-            &standing,
+            (STANDING, &standing),
             args.objects,
             patience,
             "lazyquota",
@@ -1263,8 +1285,259 @@ async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
             }
         }
         drop(lq);
+        if s == last && args.exact_steps > 0 {
+            let t = Instant::now();
+            exact_series(&mut shard, &plan, &clusters, args, dir, bin, &mut res).await;
+            res.timeline
+                .push((format!("B={b}: exact-heap series"), t.elapsed()));
+        }
         res.done = s == last;
         write_results(args, &plan, &res, started);
+    }
+}
+
+/// The quota of the exact-heap series.
+const ENGAGED: &str = "engaged";
+
+/// The exact-heap series, at the last step once the standing quotas are gone: a new lazyquota
+/// with jemalloc's thread caches off (`_RJEM_MALLOC_CONF=tcache:false`), so that
+/// `stats.allocated` counts exactly the bytes the program holds (with caches on, freed objects
+/// parked in a thread's cache count as allocated, and how many are parked moves from one
+/// reading to the next by more than the figure sought). One warm-up engagement (consumer 0,
+/// then deleted), then a quota `engaged` in the first 0, W/n, …, W consumers (consumer i on
+/// its binding i mod K, so the types are spread), read at each level; then every one deleted
+/// and read again.
+async fn exact_series(
+    shard: &mut Shard,
+    plan: &Plan,
+    clusters: &[String],
+    args: &Args,
+    dir: &Path,
+    bin: &Path,
+    res: &mut Results,
+) {
+    let k = plan.per_workspace;
+    let quotas: Vec<(usize, String)> = (0..clusters.len()).map(|i| (i, plan.key(i, i % k))).collect();
+    let mut lq = Lazyquota::start(
+        shard,
+        dir,
+        bin,
+        "exact",
+        args.shared_threshold,
+        Some("tcache:false"),
+    );
+    let patience = Duration::from_secs(300 + quotas.len() as u64);
+    let who = "lazyquota (exact heap)";
+    // The warm-up also proves lazyquota listed the shard before the first reading.
+    create_quotas(shard, clusters, &quotas[..1], args.concurrency).await;
+    synced(
+        shard,
+        clusters,
+        (ENGAGED, &quotas[..1]),
+        args.objects,
+        patience,
+        who,
+        Some(&mut lq),
+    )
+    .await;
+    delete_quota(shard, &clusters[0], ENGAGED).await;
+    lq_until(&mut lq, "disengaging the warm-up workspace", |e, _| close(e, 0.0)).await;
+    let fixed = args.lq_settle.max(args.settle);
+    let mut done = 0;
+    for step in 0..=args.exact_steps {
+        let level = step * quotas.len() / args.exact_steps;
+        create_quotas(shard, clusters, &quotas[done..level], args.concurrency).await;
+        done = level;
+        synced(
+            shard,
+            clusters,
+            (ENGAGED, &quotas[..level]),
+            args.objects,
+            patience,
+            who,
+            Some(&mut lq),
+        )
+        .await;
+        let want = level as f64;
+        lq_until(&mut lq, "engaging the exact series' workspaces", |e, _| {
+            close(e, want)
+        })
+        .await;
+        let reading = settle(shard, Some(&mut lq), args, fixed).await;
+        eprintln!("kcp: exact heap, {level} engaged: {reading:?}");
+        res.exact.push((level, reading));
+    }
+    stream::iter(&quotas[..done])
+        .map(|(i, _)| delete_quota(shard, &clusters[*i], ENGAGED))
+        .buffer_unordered(args.concurrency)
+        .collect::<Vec<()>>()
+        .await;
+    lq_until(&mut lq, "disengaging the exact series' workspaces", |e, _| {
+        close(e, 0.0)
+    })
+    .await;
+    let after = settle(shard, Some(&mut lq), args, fixed).await;
+    eprintln!("kcp: exact heap, all deleted again: {after:?}");
+    res.exact_after = Some(after);
+}
+
+/// Creates a quota [`ENGAGED`] on each (consumer, key), `concurrency` at a time.
+async fn create_quotas(shard: &Shard, clusters: &[String], quotas: &[(usize, String)], concurrency: usize) {
+    stream::iter(quotas)
+        .map(|(i, key)| async move {
+            let path = format!("/clusters/{}/api/v1/namespaces/{NS}/resourcequotas", clusters[*i]);
+            create(
+                &shard.root,
+                &path,
+                &quota_body(ENGAGED, key),
+                Duration::from_mins(1),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("quota {ENGAGED} in root:c-{i:04}: {e}"));
+        })
+        .buffer_unordered(concurrency)
+        .collect::<Vec<()>>()
+        .await;
+}
+
+/// The least-squares slope of y over x.
+fn slope(points: &[(f64, f64)]) -> f64 {
+    let n = points.len() as f64;
+    let (mx, my) = points
+        .iter()
+        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x / n, b + y / n));
+    let (sxy, sxx) = points.iter().fold((0.0, 0.0), |(a, b), (x, y)| {
+        (a + (x - mx) * (y - my), b + (x - mx) * (x - mx))
+    });
+    sxy / sxx
+}
+
+/// One row of lazyquota's figures in configuration 3 (`base`: configuration 2 at that step).
+fn lq_row(md: &mut String, label: &str, x: &Reading, base: Option<&Reading>) {
+    let Some(l) = x.lq else { return };
+    let (dw, dg, dh) = base.map_or((f64::NAN, f64::NAN, f64::NAN), |b| {
+        (
+            x.kcp.watches - b.kcp.watches,
+            x.kcp.goroutines - b.kcp.goroutines,
+            x.kcp.live - b.kcp.live,
+        )
+    });
+    let _ = writeln!(
+        md,
+        "| {label}{} | {:.0} | {:.0} | {:.2} | {:.1} | {:.1} | {:.0} | {:.0}{} | {:.0} | {dw:.0} | {dg:.0} | {:.1} |",
+        if x.stable { "" } else { " (not stable)" },
+        l.engaged,
+        l.tasks,
+        mib(l.heap),
+        mib(l.vmrss),
+        mib(l.anon),
+        l.connections,
+        l.watches,
+        // src/server.rs refreshes the per-cluster gauges only while some cluster is served.
+        if l.engaged < 0.5 && l.watches > 0.5 {
+            " (stale)"
+        } else {
+            ""
+        },
+        l.shared,
+        mib(dh),
+    );
+}
+
+/// The exact-heap series' section: its readings, the slopes between them and the
+/// least-squares slope over all of them.
+fn exact_section(md: &mut String, args: &Args, plan: &Plan, r: &Results) {
+    if r.exact.len() < 2 {
+        return;
+    }
+    let step = plan.steps.len() - 1;
+    let bindings = plan.steps[step] * plan.consumers.len();
+    let base = r.readings.get(&(step, Config::KcpOnly));
+    let _ = writeln!(
+        md,
+        "\n## Cost per engaged workspace, exact heap (B = {bindings}, a second lazyquota with `tcache:false`)\n\n\
+         After the series above, with no standing quota left, a new lazyquota is started with \
+         jemalloc's thread caches off (`_RJEM_MALLOC_CONF=tcache:false`): `stats.allocated` then \
+         counts exactly the bytes the program holds. With the caches on (as lazyquota runs, and as in \
+         the series above), freed objects parked in a thread's cache count as allocated, and how many \
+         are parked moves between readings by more than a few hundred engaged workspaces cost. The \
+         option also leaves lazyquota on jemalloc's defaults (several arenas, 10 s decay), so RSS \
+         here is not lazyquota's production RSS; the heap and the counts are. One warm-up engagement \
+         (a quota in consumer 0, synced, deleted), then a quota `{ENGAGED}` (`count/widgets.<group>` \
+         of consumer i's binding i mod {}) in the first n consumers, n = 0, W/{}, …, W; each level is \
+         read once every quota has its status.used and lazyquota says that many engaged, after \
+         {:?} and the stable window as above.\n",
+        plan.per_workspace,
+        args.exact_steps,
+        args.lq_settle.max(args.settle),
+    );
+    let _ = writeln!(
+        md,
+        "| workspaces with a quota | engaged workspaces | tasks | jemalloc allocated MiB | VmRSS MiB | RssAnon MiB | TCP conns to the shard | lazyquota watches | shared watches | kcp WATCHes 3 − 2 | kcp goroutines 3 − 2 | kcp live heap MiB 3 − 2 |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for (n, x) in &r.exact {
+        lq_row(md, &n.to_string(), x, base);
+    }
+    if let Some(after) = &r.exact_after {
+        lq_row(md, "0 (all deleted again)", after, base);
+    }
+    let _ = writeln!(
+        md,
+        "\n| engaged workspaces from → to | tasks / ws | jemalloc KiB / ws | RSS KiB / ws | RssAnon KiB / ws | TCP conns / ws | lazyquota watches / ws |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+    let points: Vec<(f64, LqFigures)> = r
+        .exact
+        .iter()
+        .filter_map(|(n, x)| Some((*n as f64, x.lq?)))
+        .collect();
+    let fit = |f: fn(&LqFigures) -> f64| slope(&points.iter().map(|(n, l)| (*n, f(l))).collect::<Vec<_>>());
+    for pair in points.windows(2) {
+        let ((lo, from), (hi, to)) = (pair[0], pair[1]);
+        let d = hi - lo;
+        let _ = writeln!(
+            md,
+            "| {lo} → {hi} | {:.3} | {:.2} | {:.1} | {:.1} | {:.3} | {:.2} |",
+            (to.tasks - from.tasks) / d,
+            (to.heap - from.heap) / d / 1024.0,
+            (to.vmrss - from.vmrss) / d / 1024.0,
+            (to.anon - from.anon) / d / 1024.0,
+            (to.connections - from.connections) / d,
+            (to.watches - from.watches) / d,
+        );
+    }
+    let heap = fit(|l| l.heap) / 1024.0;
+    let tasks = fit(|l| l.tasks);
+    let _ = writeln!(
+        md,
+        "| **least squares, all {} levels** | **{tasks:.3}** | **{heap:.2}** | {:.1} | {:.1} | {:.3} | {:.2} |",
+        points.len(),
+        fit(|l| l.vmrss) / 1024.0,
+        fit(|l| l.anon) / 1024.0,
+        fit(|l| l.connections),
+        fit(|l| l.watches),
+    );
+    let verdict = |ok: bool| if ok { "met" } else { "**missed**" };
+    let _ = writeln!(
+        md,
+        "\nTargets per engaged workspace: ≤ 16 KiB ({}: {heap:.2} KiB), ≤ 0.1 tokio task ({}: {tasks:.3}).",
+        verdict(heap <= 16.0),
+        verdict(tasks <= 0.1),
+    );
+    if let (Some(after), Some((top, x)), Some((_, zero))) =
+        (r.exact_after.and_then(|a| a.lq), r.exact.last(), points.first())
+        && let Some(top_lq) = x.lq
+        && *top > 0
+    {
+        let _ = writeln!(
+            md,
+            "After all {top} quotas were deleted: jemalloc allocated {:.2} MiB, {:.2} KiB per workspace \
+             of the top level above the level-0 reading ({:.2} KiB per workspace released).",
+            mib(after.heap),
+            (after.heap - zero.heap) / *top as f64 / 1024.0,
+            (top_lq.heap - after.heap) / *top as f64 / 1024.0,
+        );
     }
 }
 
@@ -1525,39 +1798,9 @@ fn write_results(args: &Args, plan: &Plan, r: &Results, started: Instant) {
         "| B | engaged workspaces | tasks | jemalloc allocated MiB | VmRSS MiB | RssAnon MiB | TCP conns to the shard | lazyquota watches | shared watches | kcp WATCHes 3 − 2 | kcp goroutines 3 − 2 | kcp live heap MiB 3 − 2 |"
     );
     let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|");
-    let lq_row = |md: &mut String, label: String, x: &Reading, base: Option<&Reading>| {
-        let Some(l) = x.lq else { return };
-        let (dw, dg, dh) = base.map_or((f64::NAN, f64::NAN, f64::NAN), |b| {
-            (
-                x.kcp.watches - b.kcp.watches,
-                x.kcp.goroutines - b.kcp.goroutines,
-                x.kcp.live - b.kcp.live,
-            )
-        });
-        let _ = writeln!(
-            md,
-            "| {label}{} | {:.0} | {:.0} | {:.2} | {:.1} | {:.1} | {:.0} | {:.0}{} | {:.0} | {dw:.0} | {dg:.0} | {:.1} |",
-            if x.stable { "" } else { " (not stable)" },
-            l.engaged,
-            l.tasks,
-            mib(l.heap),
-            mib(l.vmrss),
-            mib(l.anon),
-            l.connections,
-            l.watches,
-            // src/server.rs refreshes the per-cluster gauges only while some cluster is served.
-            if l.engaged < 0.5 && l.watches > 0.5 {
-                " (stale)"
-            } else {
-                ""
-            },
-            l.shared,
-            mib(dh),
-        );
-    };
     for (s, b) in bs.iter().enumerate() {
         if let Some(x) = r.readings.get(&(s, Config::Lazyquota)) {
-            lq_row(&mut md, b.to_string(), x, r.readings.get(&(s, Config::KcpOnly)));
+            lq_row(&mut md, &b.to_string(), x, r.readings.get(&(s, Config::KcpOnly)));
         }
     }
 
@@ -1634,7 +1877,7 @@ fn write_results(args: &Args, plan: &Plan, r: &Results, started: Instant) {
         let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|");
         let base = r.readings.get(&(s, Config::KcpOnly));
         for (n, x) in &r.sweep {
-            lq_row(&mut md, n.to_string(), x, base);
+            lq_row(&mut md, &n.to_string(), x, base);
         }
         let _ = writeln!(
             md,
@@ -1673,6 +1916,8 @@ fn write_results(args: &Args, plan: &Plan, r: &Results, started: Instant) {
             );
         }
     }
+
+    exact_section(&mut md, args, plan, r);
 
     let _ = writeln!(md, "\n## Latencies (p50 / p99 ms)\n");
     let _ = writeln!(
