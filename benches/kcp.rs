@@ -12,15 +12,16 @@
 //! 1 − 2 is what kcp's quota controller costs inside kcp (goroutines, Go heap, RSS); 3 gives
 //! lazyquota's own figures and what it costs the shard (its connections and watches). The
 //! slopes between the steps are the marginal cost per APIBinding; at the last step lazyquota's
-//! quotas are deleted in two steps for the marginal cost per quota'd (engaged) workspace.
-//! Latencies: quota created → status.used written (kcp's controller in 1, lazyquota in 3) and,
+//! quotas are deleted in two steps for the marginal cost per quota'd (engaged) workspace, and
+//! then an exact-heap series (`exact_series`: a second lazyquota with jemalloc's thread caches
+//! off, engaged in 0, W/n, …, W workspaces) gives that cost exactly. Latencies: quota created → status.used written (kcp's controller in 1, lazyquota in 3) and,
 //! for lazyquota, quota deleted → workspace disengaged → its watches released.
 //!
 //! ```text
 //! cargo bench --bench kcp                               # W=200, E=20, K=5 (≈17 min)
 //! cargo bench --bench kcp -- --quick --out /tmp/kcp     # bounded (≈3-4 min), as CI does
-//! cargo bench --bench kcp -- --workspaces 500 --exports 50 --bindings-per-workspace 5 --settle 15
-//!                                                       # the committed results (≈37 min)
+//! cargo bench --bench kcp -- --workspaces 1000 --exports 50 --bindings-per-workspace 5 --settle 15 \
+//!     --out benches/results/kcp-seed                    # the seed's scale (≈53 min)
 //! ```
 //!
 //! Writes `kcp.md`, `kcp.dat`, `kcp.gp` and, with gnuplot installed, `kcp.png` into
