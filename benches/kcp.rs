@@ -1522,9 +1522,14 @@ fn exact_section(md: &mut String, args: &Args, plan: &Plan, r: &Results) {
     let verdict = |ok: bool| if ok { "met" } else { "**missed**" };
     let _ = writeln!(
         md,
-        "\nTargets per engaged workspace: ≤ 16 KiB ({}: {heap:.2} KiB), ≤ 0.1 tokio task ({}: {tasks:.3}).",
+        "\nTargets per engaged workspace: ≤ 16 KiB ({}: {heap:.2} KiB), ≤ 0.1 tokio task ({}: {tasks:.3}). \
+         The slope includes the shared watches' own cost ({:.0} open at the top level, about 25 KiB \
+         each by the W = 100 runs), spread over {:.0} engaged workspaces: the fewer workspaces, \
+         the more it weighs (the bounded run's 10 carry 2–3 of them).",
         verdict(heap <= 16.0),
         verdict(tasks <= 0.1),
+        points.last().map_or(f64::NAN, |(_, l)| l.shared),
+        points.last().map_or(f64::NAN, |(n, _)| *n),
     );
     if let (Some(after), Some((top, x)), Some((_, zero))) =
         (r.exact_after.and_then(|a| a.lq), r.exact.last(), points.first())
