@@ -14,8 +14,9 @@
 //! slopes between the steps are the marginal cost per APIBinding; at the last step lazyquota's
 //! quotas are deleted in two steps for the marginal cost per quota'd (engaged) workspace, and
 //! then an exact-heap series (`exact_series`: a second lazyquota with jemalloc's thread caches
-//! off, engaged in 0, W/n, …, W workspaces) gives that cost exactly. Latencies: quota created → status.used written (kcp's controller in 1, lazyquota in 3) and,
-//! for lazyquota, quota deleted → workspace disengaged → its watches released.
+//! off, engaged in 0, W/n, …, W workspaces) gives that cost exactly. Latencies: quota created
+//! → status.used written (kcp's controller in 1, lazyquota in 3) and, for lazyquota, quota
+//! deleted → workspace disengaged → its watches released.
 //!
 //! ```text
 //! cargo bench --bench kcp                               # W=200, E=20, K=5 (≈17 min)
@@ -806,7 +807,7 @@ async fn create_workspaces(shard: &Shard, names: &[String], concurrency: usize) 
 
 async fn create_exports(shard: &Shard, plan: &Plan, concurrency: usize) {
     stream::iter(0..plan.exports.len())
-        .map(|e| async move {
+        .for_each_concurrent(concurrency, |e| async move {
             let ty = &plan.exports[e];
             let provider = plan.provider_of(e);
             let schema = format!("{}.{}.{}", ty.version, ty.plural, ty.group);
@@ -837,8 +838,6 @@ async fn create_exports(shard: &Shard, plan: &Plan, concurrency: usize) {
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         })
-        .buffer_unordered(concurrency)
-        .collect::<Vec<()>>()
         .await;
 }
 
@@ -857,7 +856,7 @@ async fn bind_step(
         .flat_map(|i| (from..to).map(move |j| (i, j)))
         .collect();
     stream::iter(&wanted)
-        .map(|&(i, j)| async move {
+        .for_each_concurrent(args.concurrency, |&(i, j)| async move {
             let e = plan.export_of(i, j);
             create(
                 &shard.admin,
@@ -874,8 +873,6 @@ async fn bind_step(
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         })
-        .buffer_unordered(args.concurrency)
-        .collect::<Vec<()>>()
         .await;
     let mut missing: BTreeSet<(String, String)> = wanted
         .iter()
@@ -923,7 +920,7 @@ async fn bind_step(
         .flat_map(|&(i, j)| (0..args.objects).map(move |o| (i, j, o)))
         .collect();
     stream::iter(&objects)
-        .map(|&(i, j, o)| async move {
+        .for_each_concurrent(args.concurrency, |&(i, j, o)| async move {
             let ty = &plan.exports[plan.export_of(i, j)];
             // Retried while the bound type is not served yet (a moment after Bound).
             create(
@@ -939,8 +936,6 @@ async fn bind_step(
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         })
-        .buffer_unordered(args.concurrency)
-        .collect::<Vec<()>>()
         .await;
     timeline.push((format!("{} objects created", objects.len()), t.elapsed()));
 }
@@ -949,7 +944,7 @@ async fn bind_step(
 /// that the next controller's first sync is visible.
 async fn reset_status(shard: &Shard, clusters: &[String], standing: &[(usize, String)], concurrency: usize) {
     stream::iter(standing)
-        .map(|(i, key)| async move {
+        .for_each_concurrent(concurrency, |(i, key)| async move {
             let path = quota_path(&clusters[*i], STANDING);
             for _ in 0..20 {
                 let mut q = call(&shard.root, "GET", &path, None)
@@ -964,8 +959,6 @@ async fn reset_status(shard: &Shard, clusters: &[String], standing: &[(usize, St
             }
             panic!("PUT {path}/status: conflicts");
         })
-        .buffer_unordered(concurrency)
-        .collect::<Vec<()>>()
         .await;
 }
 
@@ -1369,9 +1362,9 @@ async fn exact_series(
         res.exact.push((level, reading));
     }
     stream::iter(&quotas[..done])
-        .map(|(i, _)| delete_quota(shard, &clusters[*i], ENGAGED))
-        .buffer_unordered(args.concurrency)
-        .collect::<Vec<()>>()
+        .for_each_concurrent(args.concurrency, |(i, _)| {
+            delete_quota(shard, &clusters[*i], ENGAGED)
+        })
         .await;
     lq_until(&mut lq, "disengaging the exact series' workspaces", |e, _| {
         close(e, 0.0)
@@ -1385,7 +1378,7 @@ async fn exact_series(
 /// Creates a quota [`ENGAGED`] on each (consumer, key), `concurrency` at a time.
 async fn create_quotas(shard: &Shard, clusters: &[String], quotas: &[(usize, String)], concurrency: usize) {
     stream::iter(quotas)
-        .map(|(i, key)| async move {
+        .for_each_concurrent(concurrency, |(i, key)| async move {
             let path = format!("/clusters/{}/api/v1/namespaces/{NS}/resourcequotas", clusters[*i]);
             create(
                 &shard.root,
@@ -1396,8 +1389,6 @@ async fn create_quotas(shard: &Shard, clusters: &[String], quotas: &[(usize, Str
             .await
             .unwrap_or_else(|e| panic!("quota {ENGAGED} in root:c-{i:04}: {e}"));
         })
-        .buffer_unordered(concurrency)
-        .collect::<Vec<()>>()
         .await;
 }
 
@@ -1523,9 +1514,8 @@ fn exact_section(md: &mut String, args: &Args, plan: &Plan, r: &Results) {
     let _ = writeln!(
         md,
         "\nTargets per engaged workspace: ≤ 16 KiB ({}: {heap:.2} KiB), ≤ 0.1 tokio task ({}: {tasks:.3}). \
-         The slope includes the shared watches' own cost ({:.0} open at the top level, about 25 KiB \
-         each by the W = 100 runs), spread over {:.0} engaged workspaces: the fewer workspaces, \
-         the more it weighs (the bounded run's 10 carry 2–3 of them).",
+         The slope includes the shared watches' own cost ({:.0} open at the top level), spread \
+         over {:.0} engaged workspaces: the fewer workspaces, the more it weighs.",
         verdict(heap <= 16.0),
         verdict(tasks <= 0.1),
         points.last().map_or(f64::NAN, |(_, l)| l.shared),
