@@ -157,8 +157,22 @@ if (( ${apiserver_minor:-0} >= 37 )); then
   reconciler=(--endpoint-reconciler-type none)
 fi
 
+# An audit log of ResourceQuota status writes only (who wrote, and the answer), so a test can
+# count each writer's writes exactly: quota admission's charges, KCM's and lazyquota's.
+cat > "$dir/audit-policy.yaml" <<'POLICY'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  resources: [{group: "", resources: ["resourcequotas/status"]}]
+  verbs: [update, patch]
+- level: None
+POLICY
+
 start_apiserver() {
-  # start_apiserver NAME PORT [FLAGS...]: a kube-apiserver on etcd, with the shared PKI, ready.
+  # start_apiserver NAME PORT [FLAGS...]: a kube-apiserver on etcd, with the shared PKI, ready;
+  # its audit log is $dir/NAME.audit.log.
   local name=$1 port=$2; shift 2
   # shellcheck disable=SC2086 # extra args are intentionally word-split
   start_bg "$name" "$bin/kube-apiserver" \
@@ -175,6 +189,10 @@ start_apiserver() {
     --service-account-signing-key-file "$pki/sa.key" \
     --service-cluster-ip-range 10.96.0.0/16 \
     --allow-privileged=true \
+    --audit-policy-file "$dir/audit-policy.yaml" \
+    --audit-log-path "$dir/$name.audit.log" \
+    --audit-log-maxsize 100 \
+    --audit-log-maxbackup 1 \
     "${reconciler[@]}" \
     "$@" \
     ${LAZYQUOTA_APISERVER_ARGS:-}
