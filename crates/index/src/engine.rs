@@ -45,6 +45,10 @@ pub struct QuotaState {
     pub resource_version: Option<String>,
     /// The quota's uid, for Events about it.
     pub uid: Option<String>,
+    /// Raises of `status.used` someone else made lately (quota admission charging creates
+    /// whose objects may not be held yet): never written below ([`crate::lowering`]). Empty,
+    /// and so free, on a quota nobody charges; at most [`crate::lowering::MAX_CHARGES`].
+    pub charges: Vec<crate::lowering::Charge>,
 }
 
 impl QuotaState {
@@ -78,6 +82,7 @@ impl QuotaState {
             status_used: status.and_then(|s| s.used.clone()),
             resource_version: quota.metadata.resource_version.clone(),
             uid: quota.metadata.uid.clone(),
+            charges: Vec::new(),
         };
         (policy, state)
     }
@@ -159,6 +164,8 @@ pub struct QuotaUpdate {
     /// Whether someone else changed `status.used` (by value): the quota is to be checked
     /// again a little later (see [`Engine::apply_quota`]).
     pub recheck: bool,
+    /// With `recheck`: what was raised, key by key (hand it to [`Engine::note_charge`]).
+    pub raised: Vec<(String, Quantity)>,
     /// Problems of the spec, to report (only when `recompute`).
     pub problems: Vec<SpecProblem>,
 }
@@ -270,7 +277,11 @@ impl Engine {
 
     /// Adds or updates a quota.
     pub fn apply_quota(&mut self, key: QuotaKey, quota: &ResourceQuota) -> QuotaUpdate {
-        let (policy, state) = QuotaState::from_quota(quota, self.kcp);
+        let (policy, mut state) = QuotaState::from_quota(quota, self.kcp);
+        let old = self.index.get(&key).map(|old| &old.payload);
+        if let Some(old) = old {
+            state.charges.clone_from(&old.charges);
+        }
         let recompute = match self.index.get(&key) {
             None => true,
             Some(old) => {
@@ -294,6 +305,16 @@ impl Engine {
             && self.index.get(&key).is_some_and(|old| {
                 !same_quantities(old.payload.status_used.as_ref(), state.status_used.as_ref())
             });
+        let raised = if recheck {
+            crate::lowering::raised(
+                self.index
+                    .get(&key)
+                    .and_then(|old| old.payload.status_used.as_ref()),
+                state.status_used.as_ref(),
+            )
+        } else {
+            Vec::new()
+        };
         let problems = if recompute {
             state.spec.problems.clone()
         } else {
@@ -304,6 +325,7 @@ impl Engine {
             changes,
             recompute,
             recheck,
+            raised,
             problems,
         }
     }
@@ -330,9 +352,40 @@ impl Engine {
         self.index.reset(cluster, entries)
     }
 
-    /// Records the status a write returned, so the next computation compares against it.
-    pub fn record_written(&mut self, key: &QuotaKey, written: &ResourceQuota) {
+    /// Notes what someone else raised in the quota's `status.used`, seen at `now_ms` (the
+    /// caller's monotonic milliseconds): for a while no key is written below what is counted
+    /// plus these ([`crate::lowering`]).
+    pub fn note_charge(&mut self, key: &QuotaKey, raised: Vec<(String, Quantity)>, now_ms: u64) {
         if let Some(state) = self.index.payload_mut(key) {
+            crate::lowering::note(&mut state.charges, raised, now_ms);
+        }
+    }
+
+    /// Whether a quota event at `resource_version` is older than the view already held (a
+    /// write's response or a fresh read got ahead of the watch): applying it would put an
+    /// older status and precondition back. resourceVersions are compared as the integers
+    /// etcd (and so kube-apiserver and a kcp shard) makes them; one that is not an integer is
+    /// never older.
+    pub fn is_older_than_known(&self, key: &QuotaKey, resource_version: Option<&str>) -> bool {
+        let known = self
+            .index
+            .get(key)
+            .and_then(|e| e.payload.resource_version.as_deref())
+            .and_then(|rv| rv.parse::<u64>().ok());
+        let seen = resource_version.and_then(|rv| rv.parse::<u64>().ok());
+        matches!((seen, known), (Some(seen), Some(known)) if seen < known)
+    }
+
+    /// Records the status a write returned, so the next computation compares against it —
+    /// only if the quota is still at `precondition`, the resourceVersion the write was
+    /// conditioned on. Otherwise the quota watch has already brought this write's own event or
+    /// a newer one (admission charging right after the write), and a response arriving after
+    /// those must not put the older view and precondition back: every later write would then
+    /// conflict on a version that has passed.
+    pub fn record_written(&mut self, key: &QuotaKey, precondition: Option<&str>, written: &ResourceQuota) {
+        if let Some(state) = self.index.payload_mut(key)
+            && state.resource_version.as_deref() == precondition
+        {
             let status = written.status.as_ref();
             state.status_hard = status.and_then(|s| s.hard.clone());
             state.status_used = status.and_then(|s| s.used.clone());
@@ -431,6 +484,12 @@ impl Engine {
         with_store!(self, kind, |s| {
             s.finish_relist(p);
         });
+    }
+
+    /// Marks a partition's watch as failing (`true`: its keys keep their values, see
+    /// [`crate::store::Partition::is_current`]) or delivering again (`false`).
+    pub fn set_stale(&mut self, kind: StoreKind, p: &PartitionKey, stale: bool) {
+        with_store!(self, kind, |s| s.set_stale(p, stale));
     }
 
     /// Starts filling a partition that a running cluster-wide watch now also serves, from a
@@ -707,6 +766,11 @@ impl Engine {
                     .map(|k| (*k).to_owned()),
             )
             .collect();
+        let unclaimed = hard_keys
+            .iter()
+            .filter(|k| !k.starts_with("count/") && !claimed.contains(*k))
+            .map(|k| (*k).to_owned())
+            .collect();
         let used = plan.merge(&results);
         let decision = assemble_status(
             state.spec_hard.as_ref(),
@@ -719,6 +783,7 @@ impl Engine {
             unsynced,
             scope_errors,
             uncomputed,
+            unclaimed,
         })
     }
 
@@ -786,7 +851,7 @@ impl Engine {
             resource: device_classes(),
             namespace: Arc::from(ALL_NAMESPACES),
         };
-        let partition = self.device_classes.partition(&p).filter(|x| x.is_synced())?;
+        let partition = self.device_classes.partition(&p).filter(|x| x.is_current())?;
         let mut map = DeviceClassMap::new();
         for class in partition.objects().values() {
             map.apply(&class.name, class.extended_resource_name.as_deref());
@@ -816,7 +881,7 @@ impl Engine {
             resource: GroupResource::new("resource.k8s.io", "resourceclaims"),
             namespace: namespace.clone(),
         };
-        let claims = self.claims.partition(&p).filter(|x| x.is_synced())?;
+        let claims = self.claims.partition(&p).filter(|x| x.is_current())?;
         let pods_key = PartitionKey {
             resource: GroupResource::core("pods"),
             ..p.clone()
@@ -833,7 +898,7 @@ impl Engine {
                     // The pods are not watched here: no key of this quota is charged by both
                     // a pod and its claim, so nothing is offset.
                     None => None,
-                    Some(pods) if !pods.is_synced() => return None,
+                    Some(pods) if !pods.is_current() => return None,
                     Some(pods) => {
                         let pod = pods.objects().get(owner.pod_id(all));
                         let identity = pod.and_then(PodProjection::claim_identity);
@@ -869,12 +934,16 @@ pub struct Computed {
     /// implemented: they keep their previous value, which is therefore not lazyquota's own.
     /// Keys no evaluator claims are not here: nobody computes them, upstream included.
     pub uncomputed: Vec<String>,
+    /// Hard keys no evaluator claims (a typo, an extended resource no pod requests in that
+    /// form): their stored value is copied as upstream copies it, but it is nobody's
+    /// computation, so shadow mode calls them unknown, never agreeing.
+    pub unclaimed: Vec<String>,
 }
 
 fn synced_len<P: HeapSize>(store: &UsageStore<P>, p: &PartitionKey) -> Option<usize> {
     store
         .partition(p)
-        .filter(|x| x.is_synced())
+        .filter(|x| x.is_current())
         .map(|x| x.objects().len())
 }
 
@@ -887,7 +956,7 @@ fn typed_usage<P: HeapSize + QuotaObject>(
     gates: FeatureGates,
     scope_errors: &mut Vec<String>,
 ) -> Option<ResourceList> {
-    let partition = store.partition(p).filter(|x| x.is_synced())?;
+    let partition = store.partition(p).filter(|x| x.is_current())?;
     let stats = calculate_usage(keys, scopes, partition.objects().values(), now, gates);
     if let Some(error) = stats.scope_error {
         // Upstream's CalculateUsageStats stops at the first object whose scope match fails
@@ -1036,6 +1105,11 @@ mod tests {
             "a key of an unsynced evaluator and the count of a type not served are not \
              lazyquota's own values; a key no evaluator claims is nobody's"
         );
+        assert_eq!(
+            computed.unclaimed,
+            vec!["limits.example.com/gpu".to_owned()],
+            "nobody's value is no agreement either: shadow mode calls it unknown"
+        );
         assert!(computed.decision.dirty);
 
         assert_eq!(
@@ -1087,7 +1161,7 @@ mod tests {
         );
         // Our own write is recorded before its watch event arrives.
         let written = quota(&[("pods", "1")], Some(&[("pods", "1")]));
-        engine.record_written(&key, &written);
+        engine.record_written(&key, None, &written);
         assert_eq!(
             apply(&mut engine, &written),
             (false, false),
@@ -1105,6 +1179,42 @@ mod tests {
         let mut scoped = quota(&[("pods", "2")], Some(&[("pods", "2")]));
         scoped.spec.as_mut().unwrap().scopes = Some(vec!["BestEffort".into()]);
         assert_eq!(apply(&mut engine, &scoped), (true, false), "scopes");
+    }
+
+    #[test]
+    fn a_write_response_older_than_the_watch_does_not_replace_its_view() {
+        let cluster = ClusterName::new("c");
+        let mut engine = Engine::new(FeatureGates::default());
+        let key = QuotaKey::new(&cluster, "ns", "q");
+        let at = |rv: &str, used: &str| {
+            let mut q = quota(&[("count/configmaps", "30")], Some(&[("count/configmaps", used)]));
+            q.metadata.resource_version = Some(rv.to_owned());
+            q
+        };
+        let rv = |engine: &Engine| {
+            engine
+                .index
+                .get(&key)
+                .and_then(|e| e.payload.resource_version.clone())
+        };
+        engine.apply_quota(key.clone(), &at("11062", "29"));
+        // Our write leaves conditioned on 11062; admission charges twice before its response.
+        engine.apply_quota(key.clone(), &at("11065", "30"));
+        engine.apply_quota(key.clone(), &at("11067", "30"));
+        engine.record_written(&key, Some("11062"), &at("11063", "29"));
+        assert_eq!(rv(&engine).as_deref(), Some("11067"), "the newer view stands");
+        assert!(engine.is_older_than_known(&key, Some("11063")));
+        assert!(!engine.is_older_than_known(&key, Some("11068")));
+        assert!(!engine.is_older_than_known(&key, Some("not-a-number")));
+        // A response to a write whose precondition is still the view is recorded.
+        engine.record_written(&key, Some("11067"), &at("11070", "3"));
+        assert_eq!(rv(&engine).as_deref(), Some("11070"));
+        let used = engine
+            .index
+            .get(&key)
+            .and_then(|e| e.payload.status_used.clone())
+            .unwrap();
+        assert_eq!(used["count/configmaps"].0, "3");
     }
 
     fn fill<F: FnOnce(&mut Engine, &PartitionKey)>(

@@ -8,7 +8,7 @@
 //!  subscribe ──► Relisting (the shared list has not begun: it serves this one too)
 //!            └─► Joining ── own list at resourceVersion L ──► Live (buffered events > L passed on)
 //!  Init of the shared watch: every subscriber ──► Relisting ── InitDone ──► Live
-//!  more than `limit` unread (or buffered) ──► Overflowed ── reader caught up ──► Joining
+//!  more than `limit` unread (or buffered) ──► Overflowed (told: Failed) ── reader caught up ──► Joining
 //! ```
 //!
 //! The resourceVersion rule: resourceVersions of one shard are comparable across its logical
@@ -262,6 +262,15 @@ impl<S: Sink> Fanout<S> {
             };
             if full {
                 s.phase = Phase::Overflowed;
+                // Told at once, one item past the bound: its partitions stop counting until it
+                // has listed again, rather than reading as synced while events are dropped.
+                s.sink.send(WatchItem::Failed(
+                    "overflowed",
+                    format!(
+                        "fell {} events behind the shared watch; listing again once caught up",
+                        self.limit
+                    ),
+                ));
                 overflowed.push(s.cluster.clone());
             }
         }

@@ -11,6 +11,7 @@
 //! - [`demand`]: what one hard key needs watched (upstream's evaluator matching).
 //! - [`policy`]: quotas and the reference-counted demand, mutations return diffs.
 //! - [`store`]: object identities and projections per (cluster, resource, namespace).
+//! - [`lowering`]: when a computed `used` may be written below the stored one.
 //! - [`queue`]: the reconciler's work queue (dedup, per-key backoff).
 //! - [`resolver`]: which resources each cluster serves and can be quota'd (discovery).
 //! - [`keys`]: identities, all carrying the logical cluster.
@@ -23,6 +24,7 @@ pub mod discoveries;
 pub mod engine;
 pub mod fanout;
 pub mod keys;
+pub mod lowering;
 pub mod membership;
 pub mod planner;
 pub mod policy;

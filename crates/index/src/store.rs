@@ -222,6 +222,9 @@ pub struct Partition<P> {
     fill_tombstones: Option<HashSet<u64, BuildHasherDefault<IdHasher>>>,
     /// Whether a complete list has been seen since the partition was created.
     synced: bool,
+    /// Its watch failed and has not delivered since: what it holds may miss objects created
+    /// meanwhile (see [`UsageStore::set_stale`]).
+    stale: bool,
 }
 
 impl<P> Default for Partition<P> {
@@ -231,6 +234,7 @@ impl<P> Default for Partition<P> {
             next: None,
             fill_tombstones: None,
             synced: false,
+            stale: false,
         }
     }
 }
@@ -244,6 +248,14 @@ impl<P> Partition<P> {
     /// Whether the partition has been listed completely at least once.
     pub fn is_synced(&self) -> bool {
         self.synced
+    }
+
+    /// Whether the objects are the truth as far as the watch has delivered it: listed
+    /// completely, no relist in progress (the old generation may lack what was created while
+    /// the watch was down) and the watch not failing. Only a current partition is counted; a
+    /// quota's keys computed from any other keep the value they have.
+    pub fn is_current(&self) -> bool {
+        self.synced && self.next.is_none() && !self.stale
     }
 }
 
@@ -363,6 +375,7 @@ impl<P: HeapSize> UsageStore<P> {
             p.objects = next;
         }
         p.synced = true;
+        p.stale = false;
         true
     }
 
@@ -389,6 +402,13 @@ impl<P: HeapSize> UsageStore<P> {
         }
         let objects = p.next.as_mut().unwrap_or(&mut p.objects);
         objects.remove(id).map_or(Change::None, Change::Deleted)
+    }
+
+    /// Marks a held partition's watch as failing (`true`) or delivering again (`false`).
+    pub fn set_stale(&mut self, key: &PartitionKey, stale: bool) {
+        if let Some(p) = self.partitions.get_mut(key) {
+            p.stale = stale;
+        }
     }
 
     /// A partition, if held.

@@ -546,6 +546,11 @@ impl Watches {
                 }
             }
             WatchItem::Failed(reason, message) => {
+                // Objects created while it is down are missing: its partitions stop counting
+                // until it delivers again (an event, or a relist's end).
+                for p in &Self::partitions_of(engine, &key, running) {
+                    engine.set_stale(kind, p, true);
+                }
                 let Some(running) = self.running.get_mut(&key) else {
                     return;
                 };
@@ -735,11 +740,23 @@ impl Watches {
     }
 
     /// A failing watch delivers again: clear its failure, say so on its quotas.
-    fn recovered(&mut self, engine: &Engine, key: &WatchKey, out: &mut Vec<Action>) {
+    fn recovered(&mut self, engine: &mut Engine, key: &WatchKey, out: &mut Vec<Action>) {
+        if let Some(running) = self.running.get(key) {
+            let kind = store_kind(&key.resource, key.need);
+            for p in &Self::partitions_of(engine, key, running) {
+                engine.set_stale(kind, p, false);
+            }
+        }
         if let Some(running) = self.running.get_mut(key) {
             running.failure = None;
         }
         out.push(Action::Recovered(key.clone()));
+        // Its keys count again.
+        out.extend(
+            self.quotas_served_by(engine, key)
+                .into_iter()
+                .map(Action::Enqueue),
+        );
         let note = format!("{} is watched again; its keys are current", key.resource_label());
         self.emit_for_resource(engine, key, false, "ResourceAvailable", &note, out);
     }

@@ -48,6 +48,7 @@ use lazyquota_index::{
     discoveries::Discoveries,
     engine::{Engine, Projected, same_value},
     keys::{ClusterName, GroupResource, QuotaKey},
+    lowering,
     membership::Membership,
     planner::{self, PlanSettings},
     policy::DemandChange,
@@ -207,7 +208,15 @@ struct Handle {
     started: Instant,
 }
 
-type WriteResult = (QuotaKey, Instant, Result<ResourceQuota, kube::Error>);
+/// A status write's outcome: the quota, when its sync started, the resourceVersion the write
+/// was conditioned on, and the answer.
+type WriteResult = (
+    QuotaKey,
+    Instant,
+    Option<String>,
+    Result<ResourceQuota, kube::Error>,
+);
+type ReadResult = (QuotaKey, Result<ResourceQuota, kube::Error>);
 type FillResult = (WatchKey, Arc<str>, kube::Result<Vec<(String, Projected)>>);
 type DiscoveryResult = (ClusterName, Result<Discovered, kube::Error>);
 
@@ -240,6 +249,10 @@ pub struct Controller {
     /// When each status write in flight started (one per quota at most: the queue does not
     /// hand out a quota being written).
     writing: HashMap<QuotaKey, Instant>,
+    /// Fresh reads of quotas whose write conflicted while the watch had nothing newer.
+    reads: FuturesUnordered<BoxFuture<'static, ReadResult>>,
+    /// The origin of the milliseconds the pure side is given ([`Controller::now_ms`]).
+    epoch: Instant,
     stats: Snapshot,
     metrics: Metrics,
     recorder: Recorder,
@@ -309,6 +322,8 @@ impl Controller {
             queue: WorkQueue::new(),
             writes: FuturesUnordered::new(),
             writing: HashMap::new(),
+            reads: FuturesUnordered::new(),
+            epoch: Instant::now(),
             stats: Snapshot::default(),
             metrics,
             requests,
@@ -411,9 +426,10 @@ impl Controller {
                 () = tokio::time::sleep_until(queue_ready.unwrap_or_else(far_future)), if queue_ready.is_some() && can_start => {
                     self.start_syncs();
                 }
-                Some((key, started, result)) = self.writes.next(), if !self.writes.is_empty() => {
-                    self.on_write(&key, started, result);
+                Some((key, started, precondition, result)) = self.writes.next(), if !self.writes.is_empty() => {
+                    self.on_write(&key, started, precondition.as_deref(), result);
                 }
+                Some((key, result)) = self.reads.next(), if !self.reads.is_empty() => self.on_read(&key, result),
                 Some(()) = self.events.next(), if !self.events.is_empty() => {}
                 Some((key, namespace, listed)) = self.fills.next(), if !self.fills.is_empty() => {
                     self.on_fill(&key, &namespace, listed);
@@ -437,8 +453,8 @@ impl Controller {
             handle.abort.abort();
         }
         let drain = async {
-            while let Some((key, started, result)) = self.writes.next().await {
-                self.on_write(&key, started, result);
+            while let Some((key, started, precondition, result)) = self.writes.next().await {
+                self.on_write(&key, started, precondition.as_deref(), result);
             }
         };
         if tokio::time::timeout(Duration::from_secs(10), drain)
@@ -530,10 +546,7 @@ impl Controller {
         let changes = self.engine.delete_quota(key);
         self.queue.remove(key);
         let name = key.to_string();
-        self.stats.disagreements.retain(|(q, _), _| q != &name);
-        self.stats.withheld.retain(|(q, _)| q != &name);
-        self.stats.shadow_unknown.retain(|(q, _)| q != &name);
-        self.stats.shadow_verdicts.remove(&name);
+        self.stats.forget_quotas(|q| q == name);
         self.apply_demand(&changes);
         debug!(quota = %key, "quota deleted");
     }
@@ -598,6 +611,10 @@ impl Controller {
         self.watches
             .forget_cluster(&mut self.engine, cluster, &shared, &mut out);
         self.carry_out(out);
+        // Its quotas (if the logical cluster is going) are no longer computed: no verdict of
+        // theirs stands.
+        let prefix = format!("{cluster}|");
+        self.stats.forget_quotas(|q| q.starts_with(&prefix));
         self.recorder.forget_cluster(cluster);
         if let Some(hub) = &self.hub {
             hub.withdraw(cluster);
@@ -609,6 +626,14 @@ impl Controller {
             warn!(quota = %quota.name_any(), "a wildcard ResourceQuota without the kcp.io/cluster annotation; ignored");
             return;
         };
+        if self
+            .engine
+            .is_older_than_known(&key, quota.metadata.resource_version.as_deref())
+        {
+            // A write's response or a fresh read is ahead of the watch: this event is in it.
+            debug!(quota = %key, resource_version = ?quota.metadata.resource_version, "older than the status held; skipped");
+            return;
+        }
         let update = self.engine.apply_quota(key.clone(), quota);
         report_spec_problems(&key, &update.problems);
         for problem in &update.problems {
@@ -628,7 +653,10 @@ impl Controller {
             self.queue.add(key, Instant::now());
         } else if update.recheck {
             // Someone else changed status.used: check it once the watches have caught up (a
-            // burst of admission charges makes one check).
+            // burst of admission charges makes one check); meanwhile no key of it is lowered
+            // (lazyquota_index::lowering).
+            let now_ms = self.now_ms();
+            self.engine.note_charge(&key, update.raised, now_ms);
             self.queue.add_at(key, Instant::now() + STATUS_RECHECK_DELAY);
         }
     }
@@ -1017,11 +1045,27 @@ impl Controller {
         for error in &computed.scope_errors {
             warn!(quota = %key, %error, "scope matching failed; usage is the partial sum, as upstream");
         }
-        let decision = computed.decision;
+        let mut decision = computed.decision;
+        if let Some(held) = self
+            .engine
+            .index
+            .get(&key)
+            .and_then(|e| lowering::hold_lowering(&e.payload, &mut decision, self.now_ms()))
+        {
+            debug!(quota = %key, keys = ?held.keys, "recent charges added to what is counted");
+            self.queue
+                .add_at(key.clone(), self.epoch + Duration::from_millis(held.until_ms));
+        }
         self.report_withheld(&key, &decision.withheld);
         if self.config.shadow || !decision.dirty {
             let result = if self.config.shadow {
-                self.report_shadow(&key, &decision, &computed.uncomputed)
+                let unknown: Vec<String> = computed
+                    .uncomputed
+                    .iter()
+                    .chain(&computed.unclaimed)
+                    .cloned()
+                    .collect();
+                self.report_shadow(&key, &decision, &unknown)
             } else {
                 "unchanged"
             };
@@ -1030,11 +1074,16 @@ impl Controller {
             self.queue.done(&key);
             return;
         }
-        let body = self
+        let (body, precondition) = self
             .engine
             .index
             .get(&key)
-            .map(|e| status_patch(&e.payload, &decision))
+            .map(|e| {
+                (
+                    status_patch(&e.payload, &decision),
+                    e.payload.resource_version.clone(),
+                )
+            })
             .unwrap_or_default();
         let api =
             routed_api::<ResourceQuota>(&self.client, &self.route(&key.cluster), Some(&key.namespace), ());
@@ -1044,7 +1093,7 @@ impl Controller {
                 .patch_status(&key.name, &PatchParams::default(), &Patch::Merge(&body))
                 .await
                 .map(|Routed(written)| written);
-            (key, started, result)
+            (key, started, precondition, result)
         };
         self.writing.insert(key_of_write, started);
         self.writes.push(write.boxed());
@@ -1087,8 +1136,9 @@ impl Controller {
     }
 
     /// Compares our `used` with the stored one, key by key over both; returns the sync
-    /// result. A key lazyquota did not compute (not synced, not served, forbidden, withheld)
-    /// is **unknown**, never "agree": the stored value proves nothing about lazyquota.
+    /// result. A key lazyquota did not compute (not synced, not served, forbidden, withheld,
+    /// claimed by no evaluator) is **unknown**, never "agree": the stored value proves nothing
+    /// about lazyquota.
     fn report_shadow(
         &mut self,
         key: &QuotaKey,
@@ -1145,7 +1195,13 @@ impl Controller {
         }
     }
 
-    fn on_write(&mut self, key: &QuotaKey, started: Instant, result: Result<ResourceQuota, kube::Error>) {
+    fn on_write(
+        &mut self,
+        key: &QuotaKey,
+        started: Instant,
+        precondition: Option<&str>,
+        result: Result<ResourceQuota, kube::Error>,
+    ) {
         self.writing.remove(key);
         self.queue.done(key);
         let seconds = started.elapsed().as_secs_f64();
@@ -1154,20 +1210,27 @@ impl Controller {
                 self.metrics.quota_sync("written", seconds);
                 self.metrics.status_write("ok");
                 self.queue.forget(key);
-                self.engine.record_written(key, &written);
+                self.engine.record_written(key, precondition, &written);
                 debug!(quota = %key, resource_version = ?written.metadata.resource_version, "status written");
             }
             Err(kube::Error::Api(status)) if status.code == 409 => {
                 self.metrics.quota_sync("conflict", seconds);
                 self.metrics.status_write("conflict");
-                // The quota watch brings the newer version; retry after backoff.
-                let delay = self.queue.add_rate_limited(key.clone(), Instant::now());
-                let ours = self
+                let held = self
                     .engine
                     .index
                     .get(key)
                     .and_then(|e| e.payload.resource_version.clone());
-                debug!(quota = %key, ?delay, resource_version = ?ours, "status write conflicted; retrying");
+                if held.as_deref() == precondition {
+                    // Nothing newer has come yet, and it may have passed already (a response
+                    // older than the watch): read the quota afresh, then compute again.
+                    debug!(quota = %key, resource_version = ?held, "status write conflicted; reading the quota");
+                    self.read_quota(key);
+                } else {
+                    // The watch brought the newer version meanwhile: compute from it now.
+                    debug!(quota = %key, resource_version = ?held, "status write conflicted; the newer version is here");
+                    self.queue.add(key.clone(), Instant::now());
+                }
             }
             Err(kube::Error::Api(status)) if status.code == 404 => {
                 self.metrics.status_write("not_found");
@@ -1192,6 +1255,40 @@ impl Controller {
                 warn!(quota = %key, %error, ?delay, "status write failed; retrying");
             }
         }
+    }
+
+    /// Reads a quota afresh after a conflict (its requests carry the client's deadline).
+    fn read_quota(&mut self, key: &QuotaKey) {
+        let api =
+            routed_api::<ResourceQuota>(&self.client, &self.route(&key.cluster), Some(&key.namespace), ());
+        let key = key.clone();
+        self.reads.push(
+            async move {
+                let result = api.get_status(&key.name).await.map(|Routed(quota)| quota);
+                (key, result)
+            }
+            .boxed(),
+        );
+    }
+
+    fn on_read(&mut self, key: &QuotaKey, result: Result<ResourceQuota, kube::Error>) {
+        match result {
+            Ok(quota) => {
+                self.apply_quota(&quota);
+                self.queue.add(key.clone(), Instant::now());
+            }
+            // Deleted meanwhile: its watch event removes it.
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => {
+                let delay = self.queue.add_rate_limited(key.clone(), Instant::now());
+                warn!(quota = %key, %error, ?delay, "reading the quota after a conflict failed; retrying");
+            }
+        }
+    }
+
+    /// Milliseconds since the controller was built: the pure side's monotonic time.
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     // ---- snapshot --------------------------------------------------------------------------

@@ -31,7 +31,7 @@
 //! joins, its buffered events). Nothing is stored: the objects live in each controller's store.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, VecDeque},
     sync::{
         Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
@@ -256,7 +256,15 @@ struct State {
     watches: BTreeMap<SharedKey, Shared>,
     streams: SelectAll<BoxStream<'static, (SharedKey, MetaEvent)>>,
     joins: FuturesUnordered<BoxFuture<'static, Joined>>,
+    /// Joins waiting for one of the [`MAX_JOINS`] slots, each with when it may start (its
+    /// backoff): a shard engaging many logical clusters at once lists a few at a time. Bounded by
+    /// the subscriptions: the fan-out asks for a join when a subscriber arrives, after a failed
+    /// list and after an overflow, and ignores a superseded one when it ends.
+    waiting: VecDeque<(tokio::time::Instant, SharedKey, Join)>,
 }
+
+/// Join lists running at once, at most (as many as the controller's fills).
+pub const MAX_JOINS: usize = lazyquota_index::watches::MAX_FILLS;
 
 impl State {
     fn subscribe(
@@ -290,14 +298,36 @@ impl State {
         }
     }
 
-    /// Lists one cluster's (namespace's) objects of the shared watch's type for a joining
-    /// subscriber, after the join's backoff, with the list's resourceVersion.
+    /// Queues a join: it starts once its backoff has passed and a slot is free.
     fn start_join(&mut self, key: &SharedKey, join: Join) {
+        let ready = tokio::time::Instant::now() + join.after;
+        self.waiting.push_back((ready, key.clone(), join));
+        self.start_ready_joins();
+    }
+
+    /// Starts waiting joins whose backoff has passed while fewer than [`MAX_JOINS`] run; the
+    /// loop calls it when a join ends and on its tick.
+    fn start_ready_joins(&mut self) {
+        let now = tokio::time::Instant::now();
+        let mut i = 0;
+        while self.joins.len() < MAX_JOINS && i < self.waiting.len() {
+            if self.waiting[i].0 <= now
+                && let Some((_, key, join)) = self.waiting.remove(i)
+            {
+                self.list_join(&key, join);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Lists one cluster's (namespace's) objects of the shared watch's type for a joining
+    /// subscriber, with the list's resourceVersion.
+    fn list_join(&mut self, key: &SharedKey, join: Join) {
         let (client, route) = (self.root.clone(), Route::cluster(&join.cluster));
         let api_resource = self.watches.get(key).map(|w| api_resource(&w.served));
         let key = key.clone();
         self.joins.push(Box::pin(async move {
-            tokio::time::sleep(join.after).await;
             let listed = async {
                 let api_resource =
                     api_resource.ok_or_else(|| kube::Error::Service("the shared watch is gone".into()))?;
@@ -437,6 +467,7 @@ async fn run(
         watches: BTreeMap::new(),
         streams: SelectAll::new(),
         joins: FuturesUnordered::new(),
+        waiting: VecDeque::new(),
     };
     let mut tick = tokio::time::interval(Duration::from_secs(5));
     loop {
@@ -457,10 +488,12 @@ async fn run(
             Some((key, event)) = state.streams.next(), if !state.streams.is_empty() => state.on_event(&key, event),
             Some((key, generation, listed)) = state.joins.next(), if !state.joins.is_empty() => {
                 state.on_joined(&key, generation, listed);
+                state.start_ready_joins();
             }
             _ = tick.tick() => {
                 state.prune();
                 state.rejoin_caught_up();
+                state.start_ready_joins();
                 metrics.kcp_shared_watches(state.watches.len());
             }
         }

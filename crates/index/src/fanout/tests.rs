@@ -190,15 +190,23 @@ fn a_subscriber_that_falls_behind_overflows_instead_of_growing_without_bound() {
     }
     f.apply(&seen("b", "ns", "x", 1_000));
     assert_eq!(overflowed, vec![ClusterName::new("a"), ClusterName::new("c")]);
-    assert_eq!(slow.unread(), LIMIT, "no more than the bound queued");
+    assert_eq!(
+        slow.unread(),
+        LIMIT + 1,
+        "no more than the bound queued, and the overflow told"
+    );
+    assert!(matches!(
+        slow.0.borrow().queue.back(),
+        Some(WatchItem::Failed("overflowed", _))
+    ));
     assert_eq!(
         joiner.unread(),
-        0,
-        "a join buffer is bounded too, and never passed on"
+        1,
+        "a join buffer is bounded too, never passed on; the overflow is told"
     );
     assert_eq!(other.unread(), 1, "others are unaffected");
     f.apply(&seen("a", "ns", "late", 2_000));
-    assert_eq!(slow.unread(), LIMIT, "dropped while overflowed");
+    assert_eq!(slow.unread(), LIMIT + 1, "dropped while overflowed");
     let first: Vec<ClusterName> = f.rejoin_caught_up().into_iter().map(|j| j.cluster).collect();
     assert_eq!(first, vec![ClusterName::new("c")], "'a' has not caught up yet");
     slow.0.borrow_mut().drain();

@@ -258,6 +258,51 @@ fn a_failing_watch_tells_its_quotas_and_recovers_on_its_next_event() {
 }
 
 #[test]
+fn a_watch_failing_after_its_sync_stops_counting_until_it_delivers_again() {
+    let mut e = engine();
+    let mut w = Watches::new(settings(Mode::Lazy, 8), false, ids());
+    let out = add_quota(&mut w, &mut e, "a", "q", &["count/configmaps"]);
+    let (id, _) = only_start(&out);
+    let q = QuotaKey::new(&cluster(), "a", "q");
+    let now = Time::from_unix_nanos(0);
+    let mut out = Vec::new();
+    for item in [
+        WatchItem::Init,
+        WatchItem::InitApply(event("a", "x")),
+        WatchItem::InitApply(event("a", "y")),
+        WatchItem::InitDone,
+    ] {
+        w.on_item(&mut e, id, item, now, &mut out);
+    }
+    assert_eq!(used(&e, "a", "q", "count/configmaps").as_deref(), Some("2"));
+    let cm = "count/configmaps".to_owned();
+
+    // Cut (or 403 after an RBAC change): objects created meanwhile are not seen, so the two
+    // held are not the truth — the key is not computed, it keeps the stored value.
+    w.on_item(&mut e, id, WatchItem::Failed("cut", "eof".into()), now, &mut out);
+    let computed = e.compute(&q, now).expect("known quota");
+    assert!(computed.uncomputed.contains(&cm), "{computed:?}");
+    assert_eq!(computed.unsynced, vec![configmaps()]);
+
+    // A relist's old generation is not the truth either, until the relist ends.
+    w.on_item(&mut e, id, WatchItem::Init, now, &mut out);
+    w.on_item(&mut e, id, WatchItem::InitApply(event("a", "x")), now, &mut out);
+    assert!(e.compute(&q, now).unwrap().uncomputed.contains(&cm));
+    let mut out = Vec::new();
+    w.on_item(&mut e, id, WatchItem::InitDone, now, &mut out);
+    assert!(out.contains(&Action::Enqueue(q.clone())));
+    assert_eq!(used(&e, "a", "q", "count/configmaps").as_deref(), Some("1"));
+
+    // A watch that resumes without a relist counts again from its first event on.
+    w.on_item(&mut e, id, WatchItem::Failed("cut", "eof".into()), now, &mut out);
+    assert!(e.compute(&q, now).unwrap().uncomputed.contains(&cm));
+    let mut out = Vec::new();
+    w.on_item(&mut e, id, WatchItem::Apply(event("a", "z")), now, &mut out);
+    assert!(out.contains(&Action::Enqueue(q.clone())), "{out:?}");
+    assert_eq!(used(&e, "a", "q", "count/configmaps").as_deref(), Some("2"));
+}
+
+#[test]
 fn eager_watches_hold_every_namespace_they_see() {
     let mut e = engine();
     let mut w = Watches::new(settings(Mode::Eager, 8), false, ids());
@@ -493,7 +538,9 @@ impl Model {
         Ok(())
     }
 
-    /// Everything lists and every fill completes.
+    /// Everything lists and every fill completes; a failing watch recovers by a relist, as
+    /// kube's watcher does once the apiserver answers again (until then its partitions do not
+    /// count).
     fn settle(&mut self) {
         for _ in 0..50 {
             while !self.fills.is_empty() {
@@ -502,7 +549,7 @@ impl Model {
             let unsynced: Vec<u64> = self
                 .watches
                 .iter()
-                .filter(|(_, r)| !r.synced)
+                .filter(|(_, r)| !r.synced || r.failure.is_some())
                 .map(|(_, r)| r.id)
                 .collect();
             if unsynced.is_empty() {

@@ -1,0 +1,301 @@
+//! When a computed `used` may be written **below** the stored one.
+//!
+//! Quota admission charges a create in `status.used` *before* the object is stored: between
+//! the charge and the object's arrival on lazyquota's watch, the stored value is right and
+//! the objects lazyquota holds are one short. A status write computed in that window, even one
+//! conditioned on the quota's latest resourceVersion, takes the charge back, and the next
+//! create is admitted past `hard` (kubernetes #123434). No resourceVersion closes the window:
+//! the charge is at some R and the object lands after R, so caches that observed R may still
+//! lack it. Time does: the object is stored within the same request, and both watches deliver
+//! it within milliseconds.
+//!
+//! So every raise of a quota's `status.used` that lazyquota did not write (a [`Charge`]) is
+//! kept for [`SETTLE_MS`], and a key is never written below the objects counted **plus the
+//! charges of that key still in that window**: a charge whose object is already counted is
+//! counted twice for a moment (too high, which is safe and undone when it ages out), one whose
+//! object is still on its way is not lost. A key no recent charge touched is written as
+//! computed; raising is never held back. The quota is computed again when the last of its
+//! charges ages out ([`Held::until_ms`]).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
+use lazyquota_quota::{Quantity, StatusDecision};
+
+use crate::engine::QuotaState;
+
+/// How long a charge someone else made is added to what lazyquota counts: far longer than a
+/// create takes from its charge to its watch event (milliseconds), far shorter than what a
+/// tenant waits for after deleting.
+pub const SETTLE_MS: u64 = 500;
+
+/// Charges kept per quota, at most: beyond, the two oldest are merged into one at the later
+/// time (it then ages out later: higher for longer, never lower).
+pub const MAX_CHARGES: usize = 32;
+
+/// One raise of a quota's `status.used` by someone else (quota admission), per key.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Charge {
+    /// When it was seen, in the caller's monotonic milliseconds.
+    pub at_ms: u64,
+    /// The keys raised and by how much (unknown if a value did not parse).
+    pub raised: Vec<(String, Quantity)>,
+}
+
+/// Keys a computation wanted lower that are written higher for now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    /// The keys.
+    pub keys: Vec<String>,
+    /// When (in the caller's milliseconds) the last charge on them ages out: compute the
+    /// quota again then.
+    pub until_ms: u64,
+}
+
+/// What someone else raised from `before` to `after`, key by key (a key new in `after` counts
+/// whole).
+pub fn raised(
+    before: Option<&BTreeMap<String, K8sQuantity>>,
+    after: Option<&BTreeMap<String, K8sQuantity>>,
+) -> Vec<(String, Quantity)> {
+    let Some(after) = after else {
+        return Vec::new();
+    };
+    after
+        .iter()
+        .filter_map(|(key, now)| {
+            let now = Quantity::parse_k8s(now).unwrap_or_else(|_| Quantity::unknown());
+            let then = match before.and_then(|b| b.get(key)) {
+                None => Quantity::from_count(0),
+                Some(q) => Quantity::parse_k8s(q).unwrap_or_else(|_| Quantity::unknown()),
+            };
+            let by = now.sub(&then);
+            (by.is_unknown() || by.is_positive() == Some(true)).then(|| (key.clone(), by))
+        })
+        .collect()
+}
+
+/// Adds a charge seen at `now_ms` to `charges`, dropping those aged out and merging the
+/// oldest beyond [`MAX_CHARGES`].
+pub fn note(charges: &mut Vec<Charge>, raised: Vec<(String, Quantity)>, now_ms: u64) {
+    charges.retain(|c| c.at_ms.saturating_add(SETTLE_MS) > now_ms);
+    if !raised.is_empty() {
+        charges.push(Charge {
+            at_ms: now_ms,
+            raised,
+        });
+    }
+    while charges.len() > MAX_CHARGES {
+        let oldest = charges.remove(0);
+        charges[0].raised.extend(oldest.raised);
+    }
+}
+
+/// Writes every key of `decision` that would go below the stored value no lower than what is
+/// counted plus the key's charges younger than [`SETTLE_MS`] at `now_ms` (and no higher than
+/// the stored value), and clears `dirty` when nothing is left to write.
+pub fn hold_lowering(state: &QuotaState, decision: &mut StatusDecision, now_ms: u64) -> Option<Held> {
+    let recent: Vec<&Charge> = state
+        .charges
+        .iter()
+        .filter(|c| c.at_ms.saturating_add(SETTLE_MS) > now_ms)
+        .collect();
+    let stored = state.status_used.as_ref()?;
+    let mut held = Held {
+        keys: Vec::new(),
+        until_ms: 0,
+    };
+    for (key, ours) in &mut decision.used {
+        let Some(theirs) = stored.get(key) else {
+            continue;
+        };
+        let (Ok(counted), Ok(stored_value)) = (Quantity::parse_k8s(ours), Quantity::parse_k8s(theirs)) else {
+            continue;
+        };
+        if counted >= stored_value {
+            continue;
+        }
+        let mut floor = counted;
+        let mut charged = false;
+        for charge in &recent {
+            for (_, by) in charge.raised.iter().filter(|(k, _)| k == key) {
+                floor = floor.add(by);
+                charged = true;
+                held.until_ms = held.until_ms.max(charge.at_ms.saturating_add(SETTLE_MS));
+            }
+        }
+        if !charged {
+            continue;
+        }
+        *ours = if floor.is_unknown() || floor >= stored_value {
+            theirs.clone()
+        } else {
+            floor.to_k8s()
+        };
+        held.keys.push(key.clone());
+    }
+    if held.keys.is_empty() {
+        return None;
+    }
+    decision.dirty = hard_dirty(state) || !same(&decision.used, stored);
+    Some(held)
+}
+
+/// `assemble_status`'s reasons to write that are not `used`: `status.hard` differs from
+/// `spec.hard`, or either status list is empty.
+fn hard_dirty(state: &QuotaState) -> bool {
+    let empty = BTreeMap::new();
+    state.status_hard.as_ref().is_none_or(BTreeMap::is_empty)
+        || state.status_used.as_ref().is_none_or(BTreeMap::is_empty)
+        || !same(
+            state.spec_hard.as_ref().unwrap_or(&empty),
+            state.status_hard.as_ref().unwrap_or(&empty),
+        )
+}
+
+fn same(a: &BTreeMap<String, K8sQuantity>, b: &BTreeMap<String, K8sQuantity>) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .all(|(k, v)| b.get(k).is_some_and(|w| crate::engine::same_value(v, w)))
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaSpec, ResourceQuotaStatus};
+
+    use super::*;
+
+    const CM: &str = "count/configmaps";
+
+    fn list(pairs: &[(&str, &str)]) -> BTreeMap<String, K8sQuantity> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), K8sQuantity((*v).to_owned())))
+            .collect()
+    }
+
+    /// A quota stored with `used`, and the charges seen (each: when, configmaps raised by).
+    fn state(used: &[(&str, &str)], charges: &[(u64, u64)]) -> QuotaState {
+        let hard = list(&[(CM, "30"), ("pods", "10")]);
+        let quota = ResourceQuota {
+            spec: Some(ResourceQuotaSpec {
+                hard: Some(hard.clone()),
+                ..Default::default()
+            }),
+            status: Some(ResourceQuotaStatus {
+                hard: Some(hard),
+                used: Some(list(used)),
+            }),
+            ..Default::default()
+        };
+        let mut state = QuotaState::from_quota(&quota, false).1;
+        for (at_ms, by) in charges {
+            note(
+                &mut state.charges,
+                vec![(CM.to_owned(), Quantity::from_count(*by))],
+                *at_ms,
+            );
+        }
+        state
+    }
+
+    fn decision(used: &[(&str, &str)]) -> StatusDecision {
+        StatusDecision {
+            hard: list(&[(CM, "30"), ("pods", "10")]),
+            used: list(used),
+            dirty: true,
+            withheld: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_key_is_not_written_below_what_is_counted_plus_its_recent_charges() {
+        // 24 counted; 3 charged at 10.0 s and 2 at 10.2 s (their objects may be on the way).
+        let state = state(&[(CM, "30"), ("pods", "2")], &[(10_000, 3), (10_200, 2)]);
+        let mut d = decision(&[(CM, "24"), ("pods", "2")]);
+        let held = hold_lowering(&state, &mut d, 10_300).expect("held");
+        assert_eq!(held.keys, vec![CM.to_owned()]);
+        assert_eq!(held.until_ms, 10_200 + SETTLE_MS);
+        assert_eq!(d.used[CM].0, "29", "24 + 3 + 2");
+        assert!(d.dirty);
+
+        // The first charge aged out: 24 + 2.
+        let mut d = decision(&[(CM, "24"), ("pods", "2")]);
+        hold_lowering(&state, &mut d, 10_000 + SETTLE_MS).expect("held");
+        assert_eq!(d.used[CM].0, "26");
+
+        // Every charge aged out: as counted.
+        let mut d = decision(&[(CM, "24"), ("pods", "2")]);
+        assert_eq!(hold_lowering(&state, &mut d, 10_200 + SETTLE_MS), None);
+        assert_eq!(d.used[CM].0, "24");
+    }
+
+    #[test]
+    fn never_above_the_stored_value_and_nothing_written_when_it_stands() {
+        let state = state(&[(CM, "30"), ("pods", "2")], &[(10_000, 8)]);
+        let mut d = decision(&[(CM, "28"), ("pods", "2")]);
+        hold_lowering(&state, &mut d, 10_001).expect("held");
+        assert_eq!(d.used[CM].0, "30", "28 + 8 is past what admission charged");
+        assert!(!d.dirty, "nothing else to write");
+    }
+
+    #[test]
+    fn raising_and_keys_no_recent_charge_touched_are_written_as_computed() {
+        let charged = state(&[(CM, "30"), ("pods", "5")], &[(10_000, 1)]);
+        let mut d = decision(&[(CM, "31"), ("pods", "3")]);
+        assert_eq!(hold_lowering(&charged, &mut d, 10_001), None);
+        assert_eq!((d.used[CM].0.as_str(), d.used["pods"].0.as_str()), ("31", "3"));
+        let uncharged = state(&[(CM, "30"), ("pods", "2")], &[]);
+        let mut d = decision(&[(CM, "1"), ("pods", "2")]);
+        assert_eq!(hold_lowering(&uncharged, &mut d, 0), None);
+        assert_eq!(d.used[CM].0, "1");
+    }
+
+    #[test]
+    fn equal_values_in_other_forms_are_not_lower() {
+        let state = state(&[(CM, "30"), ("pods", "2")], &[(5, 1)]);
+        let mut d = decision(&[(CM, "30000m"), ("pods", "2")]);
+        assert_eq!(hold_lowering(&state, &mut d, 6), None);
+    }
+
+    #[test]
+    fn raises_are_read_key_by_key_and_an_unreadable_one_holds_the_key() {
+        let before = list(&[(CM, "3"), ("pods", "2"), ("requests.cpu", "1")]);
+        let after = list(&[
+            (CM, "4"),
+            ("pods", "1"),
+            ("requests.cpu", "1500m"),
+            ("services", "1"),
+        ]);
+        let got: Vec<(String, String)> = raised(Some(&before), Some(&after))
+            .into_iter()
+            .map(|(k, q)| (k, q.to_k8s().0))
+            .collect();
+        let want = [(CM, "1"), ("requests.cpu", "500m"), ("services", "1")];
+        assert_eq!(got, want.map(|(k, v)| (k.to_owned(), v.to_owned())));
+
+        let mut state = state(&[(CM, "30"), ("pods", "2")], &[]);
+        let odd = raised(None, Some(&list(&[(CM, "not-a-quantity")])));
+        note(&mut state.charges, odd, 100);
+        let mut d = decision(&[(CM, "2"), ("pods", "2")]);
+        hold_lowering(&state, &mut d, 101).expect("held");
+        assert_eq!(d.used[CM].0, "30");
+    }
+
+    #[test]
+    fn charges_are_bounded_and_merging_never_lowers() {
+        let mut charges = Vec::new();
+        for i in 0..(MAX_CHARGES as u64 + 10) {
+            note(
+                &mut charges,
+                vec![(CM.to_owned(), Quantity::from_count(1))],
+                1_000 + i,
+            );
+        }
+        assert_eq!(charges.len(), MAX_CHARGES);
+        let total: usize = charges.iter().map(|c| c.raised.len()).sum();
+        assert_eq!(total, MAX_CHARGES + 10, "every raise is still there");
+        note(&mut charges, Vec::new(), 10_000);
+        assert!(charges.is_empty(), "aged out");
+    }
+}
