@@ -558,10 +558,10 @@ impl Watches {
                 let new_reason = running.failure.as_ref().is_none_or(|(r, _)| *r != reason);
                 running.failure = Some((reason, message.clone()));
                 if new_reason {
-                    // Only the keys computed from this resource keep their previous values;
+                    // Only the keys computed from this resource keep their stored values;
                     // every other quota and key stays current.
                     let note = format!(
-                        "cannot watch {} ({reason}): {message}; keys computed from it keep their previous values",
+                        "cannot watch {} ({reason}): {message}; until it delivers again, keys computed from it keep the value status.used has (quota admission still charges creates to it)",
                         key.resource_label()
                     );
                     self.emit_for_resource(engine, &key, true, "ResourceUnavailable", &note, out);

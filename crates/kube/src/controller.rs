@@ -923,7 +923,7 @@ impl Controller {
                 } => {
                     self.metrics.watch_error(&key.resource_label(), reason);
                     if new_reason {
-                        warn!(watch = %key, reason, error = %message, "watch failing; keys computed from it keep their previous values");
+                        warn!(watch = %key, reason, error = %message, "watch failing; until it delivers again, keys computed from it keep the value status.used has");
                     }
                 }
                 Action::Malformed {
