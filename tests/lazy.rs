@@ -232,8 +232,17 @@ async fn admission_enforces_our_status_and_deletes_free_quota() {
     used_becomes(&quotas, "compute", "pods", "0")
         .await
         .expect("pods lowered");
-    pods.create(&PostParams::default(), &pod("b", "600m"))
-        .await
+    // Quota admission reads quotas from its own informer, which may lag the status just read
+    // by a moment: retried briefly while it still refuses for the old value.
+    let fits = eventually(Duration::from_secs(5), || async {
+        match pods.create(&PostParams::default(), &pod("b", "600m")).await {
+            Ok(_) => Some(Ok(())),
+            Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("exceeded quota") => None,
+            Err(e) => Some(Err(e)),
+        }
+    })
+    .await;
+    fits.expect("admission saw the freed quota within 5 s")
         .expect("now the pod fits");
     used_becomes(&quotas, "compute", "limits.memory", "64Mi")
         .await

@@ -277,10 +277,16 @@ impl<S: Sink> Fanout<S> {
         overflowed
     }
 
-    /// The shared watch failed (it retries by itself): every subscriber is told.
+    /// The shared watch failed (it retries by itself): every subscriber is told, and a live
+    /// one lists its share again once its reader has caught up, as after an overflow — kube's
+    /// watcher resumes a broken watch without an event to say so, so a subscriber whose
+    /// cluster is quiet would otherwise never count again.
     pub fn failed(&mut self, reason: &'static str, message: &str) {
         for s in &mut self.subscribers {
             s.sink.send(WatchItem::Failed(reason, message.to_owned()));
+            if matches!(s.phase, Phase::Live { .. }) {
+                s.phase = Phase::Overflowed;
+            }
         }
     }
 

@@ -70,6 +70,9 @@ pub struct Running {
     pub lists: u32,
     /// Served by the kcp hub's shared wildcard watch (not a watch of its own).
     pub shared: bool,
+    /// Reopened after failing past its sync ([`Action::Restart`]); until its list ends a
+    /// failure is left to kube's backoff.
+    pub restarting: bool,
 }
 
 /// What the controller is to do.
@@ -85,6 +88,17 @@ pub enum Action {
         served: ServedResource,
         /// From the kcp hub's shared watch.
         shared: bool,
+    },
+    /// Reopen watch `id` under the same id: it failed after its sync, and kube's watcher
+    /// resumes a broken watch without an event to say so, so a quiet partition would never
+    /// count again. The reopened watch lists afresh (its `InitDone` makes it count).
+    Restart {
+        /// Its id.
+        id: u64,
+        /// What it watches.
+        key: WatchKey,
+        /// The version and scope the cluster serves.
+        served: ServedResource,
     },
     /// Close a watch.
     Stop {
@@ -353,6 +367,7 @@ impl Watches {
                 failure: None,
                 lists: 0,
                 shared,
+                restarting: false,
             },
         );
     }
@@ -501,6 +516,7 @@ impl Watches {
                 let first = !running.synced;
                 running.synced = true;
                 running.relisting = false;
+                running.restarting = false;
                 if running.failure.is_some() {
                     self.recovered(engine, &key, out);
                 } else if first {
@@ -557,6 +573,18 @@ impl Watches {
                 let first_failure = running.failure.is_none() && !running.synced;
                 let new_reason = running.failure.as_ref().is_none_or(|(r, _)| *r != reason);
                 running.failure = Some((reason, message.clone()));
+                // A shared watch's subscribers list their share again by themselves (fanout).
+                let restart = running.synced && !running.shared && !running.restarting;
+                if restart {
+                    running.restarting = true;
+                    if let Some(served) = engine.resolver.get(&key.cluster, &key.resource) {
+                        out.push(Action::Restart {
+                            id: running.id,
+                            key: key.clone(),
+                            served: served.clone(),
+                        });
+                    }
+                }
                 if new_reason {
                     // Only the keys computed from this resource keep their stored values;
                     // every other quota and key stays current.

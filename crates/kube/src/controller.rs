@@ -878,6 +878,13 @@ impl Controller {
                     served,
                     shared,
                 } => self.open_watch(id, &key, &served, shared),
+                Action::Restart { id, key, served } => {
+                    if let Some(handle) = self.handles.remove(&id) {
+                        handle.abort.abort();
+                    }
+                    info!(watch = %key, "watch failed after its sync: reopened to list afresh");
+                    self.open_watch(id, &key, &served, false);
+                }
                 Action::Stop { id, key } => {
                     if let Some(handle) = self.handles.remove(&id) {
                         handle.abort.abort();

@@ -214,6 +214,23 @@ fn a_subscriber_that_falls_behind_overflows_instead_of_growing_without_bound() {
     assert_eq!(second, vec![ClusterName::new("a")]);
 }
 
+#[test]
+fn a_shared_watch_failing_makes_its_live_subscribers_list_their_share_again() {
+    let mut f = Fanout::new(64);
+    let (a, _) = subscribed(&mut f, "a");
+    live(&mut f);
+    a.0.borrow_mut().drain();
+    f.failed("cut", "eof");
+    assert!(matches!(
+        a.0.borrow().queue.back(),
+        Some(WatchItem::Failed("cut", _))
+    ));
+    // kube's watcher resumes without a word: the subscriber's own list proves its share.
+    a.0.borrow_mut().drain();
+    let joins: Vec<ClusterName> = f.rejoin_caught_up().into_iter().map(|j| j.cluster).collect();
+    assert_eq!(joins, vec![ClusterName::new("a")]);
+}
+
 // ---- the property ------------------------------------------------------------------------
 
 const CLUSTERS: [&str; 2] = ["a", "b"];

@@ -278,8 +278,30 @@ fn a_watch_failing_after_its_sync_stops_counting_until_it_delivers_again() {
     let cm = "count/configmaps".to_owned();
 
     // Cut (or 403 after an RBAC change): objects created meanwhile are not seen, so the two
-    // held are not the truth — the key is not computed, it keeps the stored value.
+    // held are not the truth — the key is not computed, it keeps the stored value. kube's
+    // watcher would resume without an event to say so: the watch is reopened to list afresh,
+    // once (a failure while it relists is left to kube's backoff).
+    let restarts = |out: &[Action]| {
+        out.iter()
+            .filter(|a| matches!(a, Action::Restart { id: i, .. } if *i == id))
+            .count()
+    };
+    let mut out = Vec::new();
     w.on_item(&mut e, id, WatchItem::Failed("cut", "eof".into()), now, &mut out);
+    assert_eq!(restarts(&out), 1, "{out:?}");
+    let mut out = Vec::new();
+    w.on_item(
+        &mut e,
+        id,
+        WatchItem::Failed("forbidden", "403".into()),
+        now,
+        &mut out,
+    );
+    assert_eq!(
+        restarts(&out),
+        0,
+        "no second reopen before it has listed: {out:?}"
+    );
     let computed = e.compute(&q, now).expect("known quota");
     assert!(computed.uncomputed.contains(&cm), "{computed:?}");
     assert_eq!(computed.unsynced, vec![configmaps()]);
@@ -294,7 +316,9 @@ fn a_watch_failing_after_its_sync_stops_counting_until_it_delivers_again() {
     assert_eq!(used(&e, "a", "q", "count/configmaps").as_deref(), Some("1"));
 
     // A watch that resumes without a relist counts again from its first event on.
+    let mut out = Vec::new();
     w.on_item(&mut e, id, WatchItem::Failed("cut", "eof".into()), now, &mut out);
+    assert_eq!(restarts(&out), 1, "listed since: reopened again");
     assert!(e.compute(&q, now).unwrap().uncomputed.contains(&cm));
     let mut out = Vec::new();
     w.on_item(&mut e, id, WatchItem::Apply(event("a", "z")), now, &mut out);
