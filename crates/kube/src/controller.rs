@@ -1281,8 +1281,18 @@ impl Controller {
     fn on_read(&mut self, key: &QuotaKey, result: Result<ResourceQuota, kube::Error>) {
         match result {
             Ok(quota) => {
-                self.apply_quota(&quota);
-                self.queue.add(key.clone(), Instant::now());
+                let held = self
+                    .engine
+                    .index
+                    .get(key)
+                    .and_then(|e| e.payload.resource_version.clone());
+                if held == quota.metadata.resource_version {
+                    // Nothing newer after all: retry with backoff rather than at once.
+                    self.queue.add_rate_limited(key.clone(), Instant::now());
+                } else {
+                    self.apply_quota(&quota);
+                    self.queue.add(key.clone(), Instant::now());
+                }
             }
             // Deleted meanwhile: its watch event removes it.
             Err(kube::Error::Api(status)) if status.code == 404 => {}
