@@ -30,7 +30,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{controller, quota, test_config};
+use common::{controller, env_u64, quota, test_config};
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::{ConfigMap, ResourceQuota};
 use kube::{
@@ -44,13 +44,6 @@ const WRITERS: u64 = 6;
 const KEY: &str = "count/configmaps";
 /// After the writers stop, `status.used` must equal the objects within this.
 const CONVERGE: Duration = Duration::from_secs(10);
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// What one run in one namespace showed.
 #[derive(Debug, Default)]

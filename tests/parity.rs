@@ -31,19 +31,12 @@ use lazyquota_testenv::fixtures::{self, Fixture};
 use lazyquota_testenv::{ControlPlane, Flavor, TestNamespace};
 
 mod common;
-use common::process::Lazyquota;
+use common::{env_u64, process::Lazyquota};
 
 /// Seeds run at the same time (each in its own namespace).
 const PARALLEL: usize = 4;
 /// Bound on each wait for KCM.
 const SYNC_TIMEOUT: Duration = Duration::from_mins(1);
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// The evaluators that compute a key, as the matrix in docs/parity.md groups pairs:
 /// `pods`, `services`, `persistentvolumeclaims`, `resourceclaims`, `object count`, joined

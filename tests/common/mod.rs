@@ -103,6 +103,14 @@ pub fn test_config() -> Config {
     }
 }
 
+/// A number from the environment (a test's bound, a seed), or `default`.
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// The gates of the pinned test control plane (`KUBE_VERSION` in
 /// tests/control-plane/versions.env).
 pub fn test_gates() -> lazyquota_quota::FeatureGates {

@@ -195,13 +195,18 @@ fn namespaces_joining_a_cluster_wide_watch_are_filled_a_few_at_a_time() {
     assert_eq!(started(&out).len(), 1, "started again: {out:?}");
 }
 
-#[test]
-fn a_failing_watch_tells_its_quotas_and_recovers_on_its_next_event() {
+/// Quota `a/q` on `count/configmaps` and the one watch it starts (not yet listed).
+fn one_configmap_watch() -> (Engine, Watches, u64, WatchKey, QuotaKey) {
     let mut e = engine();
     let mut w = Watches::new(settings(Mode::Lazy, 8), false, ids());
     let out = add_quota(&mut w, &mut e, "a", "q", &["count/configmaps"]);
     let (id, key) = only_start(&out);
-    let q = QuotaKey::new(&cluster(), "a", "q");
+    (e, w, id, key, QuotaKey::new(&cluster(), "a", "q"))
+}
+
+#[test]
+fn a_failing_watch_tells_its_quotas_and_recovers_on_its_next_event() {
+    let (mut e, mut w, id, key, q) = one_configmap_watch();
     let now = Time::from_unix_nanos(0);
     let mut out = Vec::new();
     w.on_item(
@@ -259,11 +264,7 @@ fn a_failing_watch_tells_its_quotas_and_recovers_on_its_next_event() {
 
 #[test]
 fn a_watch_failing_after_its_sync_stops_counting_until_it_delivers_again() {
-    let mut e = engine();
-    let mut w = Watches::new(settings(Mode::Lazy, 8), false, ids());
-    let out = add_quota(&mut w, &mut e, "a", "q", &["count/configmaps"]);
-    let (id, _) = only_start(&out);
-    let q = QuotaKey::new(&cluster(), "a", "q");
+    let (mut e, mut w, id, _, q) = one_configmap_watch();
     let now = Time::from_unix_nanos(0);
     let mut out = Vec::new();
     for item in [
