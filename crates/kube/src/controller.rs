@@ -1377,18 +1377,14 @@ impl Controller {
                         format!("{scope} ({state}, {source})")
                     })
                     .collect();
-                if self.hub.is_some()
+                if let Some(hub) = &self.hub
                     && open
                         .iter()
                         .any(|(k, _)| k.need == lazyquota_index::keys::Need::Count)
                 {
                     let shared = open.iter().any(|(_, r)| r.shared);
                     resource.source = Some(if shared { "shared" } else { "own" });
-                    resource.source_reason = Some(if shared {
-                        "the shard's shared wildcard watch serves it now".to_owned()
-                    } else {
-                        "a watch of this logical cluster's own: the hub does not share the type now (too few logical clusters count it)".to_owned()
-                    });
+                    resource.source_reason = Some(hub.demand_of(resource.group_resource(), shared));
                 }
             }
             reports.push(report);

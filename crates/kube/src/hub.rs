@@ -79,6 +79,8 @@ pub struct Hub {
     /// Which engagement this handle speaks for: an engine started again is a new one, and the
     /// old one's late messages must not count for it.
     engagement: u64,
+    /// Types are shared from this many counting logical clusters on.
+    threshold: usize,
     /// Aborts the hub's task when the last handle goes.
     _task: Arc<AbortOnDrop>,
 }
@@ -150,6 +152,7 @@ impl Hub {
             inbox,
             shared: shared_rx,
             engagement: 0,
+            threshold: threshold.max(1),
             _task: Arc::new(AbortOnDrop(task.abort_handle())),
         }
     }
@@ -184,6 +187,22 @@ impl Hub {
     /// Whether `resource` is served by a shared watch now.
     pub fn is_shared(&self, resource: &GroupResource) -> bool {
         self.shared.borrow().contains(resource)
+    }
+
+    /// Why `resource` is served from the shared watch (`shared`) or from a watch of a logical
+    /// cluster's own: how many logical clusters count it, against the threshold (`explain`).
+    pub fn demand_of(&self, resource: &GroupResource, shared: bool) -> String {
+        let clusters = lock(&self.inbox.demand).clusters(resource);
+        let (threshold, low) = (self.threshold, self.threshold - self.threshold / 4);
+        if shared {
+            format!(
+                "the shard's shared wildcard watch serves it: {clusters} logical cluster(s) count it (shared from {threshold}, until fewer than {low})"
+            )
+        } else {
+            format!(
+                "a watch of this logical cluster's own: {clusters} logical cluster(s) count it, the hub shares a type from {threshold}"
+            )
+        }
     }
 
     /// Changes of the shared set, for a controller's loop.
@@ -497,5 +516,30 @@ async fn run(
                 metrics.kcp_shared_watches(state.watches.len());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn explain_names_how_many_clusters_count_a_type_against_the_threshold() {
+        // No request is made: the hub only reads its demand here.
+        let config = kube::Config::new("https://127.0.0.1:9".parse().expect("url"));
+        let root = Client::try_from(config).expect("client");
+        let hub = Hub::start(root, 4, Metrics::new());
+        let widgets = GroupResource::new("example.io", "widgets");
+        for cluster in ["a", "b"] {
+            hub.demand(&ClusterName::new(cluster), &widgets, true);
+        }
+        assert_eq!(
+            hub.demand_of(&widgets, false),
+            "a watch of this logical cluster's own: 2 logical cluster(s) count it, the hub shares a type from 4"
+        );
+        assert_eq!(
+            hub.demand_of(&widgets, true),
+            "the shard's shared wildcard watch serves it: 2 logical cluster(s) count it (shared from 4, until fewer than 3)"
+        );
     }
 }
