@@ -977,7 +977,8 @@ pub fn same_value(a: &K8sQuantity, b: &K8sQuantity) -> bool {
     }
 }
 
-fn same_quantities(
+/// Value equality of two resource lists (absent is empty).
+pub(crate) fn same_quantities(
     a: Option<&BTreeMap<String, K8sQuantity>>,
     b: Option<&BTreeMap<String, K8sQuantity>>,
 ) -> bool {

@@ -154,9 +154,7 @@ fn hard_dirty(state: &QuotaState) -> bool {
 }
 
 fn same(a: &BTreeMap<String, K8sQuantity>, b: &BTreeMap<String, K8sQuantity>) -> bool {
-    a.len() == b.len()
-        && a.iter()
-            .all(|(k, v)| b.get(k).is_some_and(|w| crate::engine::same_value(v, w)))
+    crate::engine::same_quantities(Some(a), Some(b))
 }
 
 #[cfg(test)]
