@@ -255,7 +255,9 @@ impl<P> Partition<P> {
     /// the watch was down) and the watch not failing. Only a current partition is counted; a
     /// quota's keys computed from any other keep the value they have.
     pub fn is_current(&self) -> bool {
-        self.synced && self.next.is_none() && !self.stale
+        self.synced
+            && self.next.is_none()
+            && (!self.stale || crate::mutation::active(crate::mutation::Mutation::StaleCounts))
     }
 }
 

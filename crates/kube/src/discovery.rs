@@ -15,14 +15,7 @@ use serde::de::DeserializeOwned;
 
 use crate::route::Route;
 
-/// One discovery run's results.
-#[derive(Debug, Default)]
-pub struct Discovered {
-    /// Every resource served, at the version to watch.
-    pub served: Vec<ServedResource>,
-    /// Groups whose discovery failed in this run (their previous results are kept).
-    pub failed_groups: Vec<String>,
-}
+pub use lazyquota_index::reconciler::Discovered;
 
 /// Runs discovery against `client`'s cluster.
 ///

@@ -19,7 +19,7 @@ use crate::{
 };
 
 /// The annotation kcp puts on every object with its logical cluster's name.
-pub const CLUSTER_ANNOTATION: &str = "kcp.io/cluster";
+pub use lazyquota_index::reconciler::CLUSTER_ANNOTATION;
 
 /// The annotation of a LogicalCluster with its workspace's canonical path (`root:org:team`);
 /// absent on `root` and `system:*` clusters.

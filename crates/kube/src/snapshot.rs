@@ -41,15 +41,6 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Drops what is reported about every quota `forget` names (by its `cluster|ns/name`):
-    /// deleted, or of a logical cluster let go, it has no verdict or withheld key any more.
-    pub fn forget_quotas(&mut self, forget: impl Fn(&str) -> bool) {
-        self.disagreements.retain(|(q, _), _| !forget(q));
-        self.withheld.retain(|(q, _)| !forget(q));
-        self.shadow_unknown.retain(|(q, _)| !forget(q));
-        self.shadow_verdicts.retain(|q, _| !forget(q));
-    }
-
     /// Several clusters' snapshots as one: counts summed, sets united (their keys already
     /// name the cluster), synced only if every cluster is.
     pub fn merged(parts: &[Snapshot]) -> Snapshot {

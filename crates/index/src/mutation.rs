@@ -1,0 +1,50 @@
+//! Test-only mutations: an old, wrong rule put back, so the simulator can show it would catch
+//! it (`crates/index/tests/sim`, the `mutations_*` tests). Compiled in only with the
+//! `mutations` feature, which only this crate's own tests enable; without it
+//! [`active`] is `false` and the checks fold away.
+//!
+//! A thread-local, not a setting: the simulator runs seeds on many test threads at once, each
+//! with its own mutation, and production code carries no field for it.
+
+/// A defect the simulator must find (numbered as in the issue that fixed them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mutation {
+    /// 1: a partition whose watch failed after its sync still counts as current.
+    StaleCounts,
+    /// 4: a hard key no evaluator claims is compared in shadow mode, not called unknown.
+    UnclaimedAgrees,
+    /// 5: a key is lowered right after admission charged it (no hold for charges in flight).
+    NoChargeHold,
+    /// 6: a write's response replaces the view held even when newer events came meanwhile.
+    StaleResponse,
+    /// 6: a quota event older than the view held replaces it.
+    AcceptOlderQuota,
+    /// 6: a conflict waits for the quota watch instead of reading the quota afresh.
+    WaitOnConflict,
+}
+
+#[cfg(feature = "mutations")]
+thread_local! {
+    static ACTIVE: std::cell::Cell<Option<Mutation>> = const { std::cell::Cell::new(None) };
+}
+
+/// Whether `m` is put back on this thread.
+#[must_use]
+#[inline]
+pub fn active(m: Mutation) -> bool {
+    #[cfg(feature = "mutations")]
+    {
+        ACTIVE.with(|a| a.get() == Some(m))
+    }
+    #[cfg(not(feature = "mutations"))]
+    {
+        let _ = m;
+        false
+    }
+}
+
+/// Puts `m` back on this thread (`None`: the rules as they are).
+#[cfg(feature = "mutations")]
+pub fn set(m: Option<Mutation>) {
+    ACTIVE.with(|a| a.set(m));
+}

@@ -1,0 +1,537 @@
+//! The reconciler: every decision of one controller, pure — fed [`Input`]s, it returns
+//! [`Effect`]s, in the shape of quinn-proto's `Connection`.
+//!
+//! ```text
+//!  executor (crates/kube/src/controller.rs)          Reconciler (this module, no IO, no clock)
+//!  quota / LogicalCluster / API-change watch ─► Input ─► Engine, Membership, Discoveries
+//!  object watches, fills, discoveries         ─► Input ─► Watches ─► Engine stores ─► WorkQueue
+//!  status writes and reads answered           ─► Input ─► record, conflict policy, backoff
+//!  the timer (next_wakeup)                    ─► tick  ─► discoveries due, resync, syncs
+//!                       Effect ◄─ open/close watches, fills, discoveries, status writes
+//!                                 (each with its precondition and the keys it may lower),
+//!                                 reads, Events, hub demand, metrics
+//! ```
+//!
+//! The executor turns streams into inputs and effects into requests; it decides nothing. The
+//! same reconciler runs under the deterministic simulator (`crates/index/tests/sim`), which
+//! drives it against a model apiserver with faults and checks that no write lowers a `used`
+//! below the objects that exist.
+//!
+//! Time comes in: `Instant`s for timers (the reconciler never reads a clock; the simulator
+//! makes them from one origin) and a wall [`Time`] for what evaluators compare with
+//! timestamps (a pod's deletion grace).
+
+mod books;
+mod discovery;
+mod messages;
+mod quotas;
+mod status;
+#[cfg(test)]
+mod tests;
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::core::v1::ResourceQuota;
+use lazyquota_quota::FeatureGates;
+use tracing::{debug, info, warn};
+
+pub use books::Books;
+pub use discovery::Discovered;
+pub use messages::{Effect, Input, Metric, Now};
+pub use quotas::{ClusterEvent, QuotaEvent};
+pub use status::{Failure, StatusWrite};
+
+use crate::{
+    discoveries::Discoveries,
+    engine::Engine,
+    keys::{ClusterName, GroupResource, ObjectIds, QuotaKey},
+    membership::Membership,
+    planner::{Mode, PlanSettings},
+    policy::DemandChange,
+    queue::WorkQueue,
+    watches::{Action, Watches},
+};
+
+/// The annotation naming the logical cluster of an object read through a kcp wildcard watch.
+pub const CLUSTER_ANNOTATION: &str = "kcp.io/cluster";
+
+/// How long after someone else changed a quota's status.used the quota is checked again.
+pub const STATUS_RECHECK_DELAY: Duration = Duration::from_secs(5);
+
+/// A status write in flight this long no longer counts against the concurrency: a write that
+/// hangs (until its request deadline) must not hold back the other quotas' writes.
+pub const WRITE_STALL: Duration = Duration::from_secs(5);
+
+/// How long a quota's first write waits for a watch still on its first list.
+pub const FIRST_LIST_GRACE: Duration = Duration::from_secs(30);
+
+/// Discoveries run at once, at most (a kcp shard engaging many logical clusters at start).
+pub const MAX_DISCOVERIES: usize = 4;
+
+/// What the reconciler is configured with. Defaults follow upstream KCM where it has one.
+#[derive(Clone, Debug)]
+#[allow(clippy::struct_excessive_bools)] // independent switches
+pub struct Settings {
+    /// The cluster served (on a kcp shard: the name quotas without a cluster fall under).
+    pub cluster: ClusterName,
+    /// Lazy (constrained types only) or eager (everything, like upstream).
+    pub mode: Mode,
+    /// Full recalculation of every quota (zero disables).
+    pub resync_period: Duration,
+    /// Status writes in flight at once.
+    pub concurrency: usize,
+    /// Compute and report, never write.
+    pub shadow: bool,
+    /// Above this many demanding namespaces, a resource is watched cluster-wide.
+    pub namespace_watch_threshold: usize,
+    /// Safety-net discovery poll.
+    pub discovery_poll: Duration,
+    /// Feature gates of the KCM whose results are mirrored.
+    pub gates: FeatureGates,
+    /// kcp semantics (the engine's kcp rules; Events name the workspace).
+    pub kcp: bool,
+    /// Serve every logical cluster of a kcp shard that has a quota (else the one `cluster`).
+    pub shard: bool,
+    /// kcp: count-only watches of shared types come from the shard's hub.
+    pub hub: bool,
+    /// The one cluster's workspace path, named in Events.
+    pub workspace: Option<String>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            cluster: ClusterName::new("default"),
+            mode: Mode::Lazy,
+            resync_period: Duration::from_mins(5),
+            concurrency: 5,
+            shadow: false,
+            namespace_watch_threshold: 8,
+            discovery_poll: Duration::from_mins(5),
+            gates: FeatureGates::default(),
+            kcp: false,
+            shard: false,
+            hub: false,
+            workspace: None,
+        }
+    }
+}
+
+impl Settings {
+    /// What the planner takes from these settings.
+    #[must_use]
+    pub fn plan(&self) -> PlanSettings {
+        PlanSettings {
+            mode: self.mode,
+            namespace_watch_threshold: self.namespace_watch_threshold,
+            gates: self.gates,
+        }
+    }
+}
+
+/// Of writes started at `started`, how many still count against the concurrency at `now`,
+/// and when the next of them stops counting ([`WRITE_STALL`]).
+fn busy_writes(started: impl Iterator<Item = Instant>, now: Instant) -> (usize, Option<Instant>) {
+    let mut busy = 0;
+    let mut next = None::<Instant>;
+    for at in started {
+        let stalls_at = at + WRITE_STALL;
+        if stalls_at > now {
+            busy += 1;
+            next = Some(next.map_or(stalls_at, |n| n.min(stalls_at)));
+        }
+    }
+    (busy, next)
+}
+
+/// What the reconciler keeps per served cluster beyond the engine's and the watch set's
+/// entries: the workspace path and the API groups discovery found unavailable.
+#[derive(Debug, Default)]
+pub struct Member {
+    /// kcp: the workspace path (`root:org:team`), named in Events.
+    pub workspace: Option<String>,
+    /// API groups the last discovery found unavailable (an APIService that does not answer).
+    pub unavailable_groups: BTreeSet<String>,
+    /// (quota, resource) pairs already told, by an Event, that their API group is unavailable.
+    pub told_unavailable: BTreeSet<(QuotaKey, GroupResource)>,
+}
+
+/// Every decision of one controller. See the module documentation.
+#[derive(Debug)]
+pub struct Reconciler {
+    settings: Settings,
+    engine: Engine,
+    watches: Watches,
+    queue: WorkQueue<QuotaKey>,
+    discoveries: Discoveries,
+    /// kcp: which logical clusters of the shard to serve.
+    shard: Option<Membership>,
+    /// The clusters served now.
+    members: BTreeMap<ClusterName, Member>,
+    /// When each status write in flight started (one per quota at most: the queue does not
+    /// hand out a quota being written).
+    writing: HashMap<QuotaKey, Instant>,
+    /// When each open watch was opened (its first list's grace).
+    opened: HashMap<u64, Instant>,
+    /// kcp: the types the hub shares now.
+    shared: BTreeSet<GroupResource>,
+    /// A relist of the quota watch in progress: the quotas so far.
+    quota_relist: Option<Vec<ResourceQuota>>,
+    quotas_synced: bool,
+    books: Books,
+    /// The origin of the milliseconds given to the lowering rule.
+    epoch: Instant,
+    next_resync: Option<Instant>,
+    effects: Vec<Effect>,
+}
+
+impl Reconciler {
+    /// A reconciler with `settings`, naming objects with `ids`, started at `now`.
+    #[must_use]
+    pub fn new(settings: Settings, ids: ObjectIds, now: Instant) -> Self {
+        let engine = if settings.kcp {
+            Engine::new(settings.gates).with_kcp_semantics()
+        } else {
+            Engine::new(settings.gates)
+        };
+        let mut reconciler = Self {
+            watches: Watches::new(settings.plan(), settings.hub, ids),
+            engine,
+            queue: WorkQueue::new(),
+            discoveries: Discoveries::new(settings.discovery_poll, MAX_DISCOVERIES),
+            shard: settings.shard.then(Membership::default),
+            members: BTreeMap::new(),
+            writing: HashMap::new(),
+            opened: HashMap::new(),
+            shared: BTreeSet::new(),
+            quota_relist: None,
+            quotas_synced: false,
+            books: Books::default(),
+            epoch: now,
+            next_resync: (!settings.resync_period.is_zero()).then(|| now + settings.resync_period),
+            effects: Vec::new(),
+            settings,
+        };
+        if !reconciler.settings.shard {
+            let cluster = reconciler.settings.cluster.clone();
+            let member = Member {
+                workspace: reconciler.settings.workspace.clone(),
+                ..Member::default()
+            };
+            reconciler.members.insert(cluster.clone(), member);
+            reconciler.discoveries.add(cluster, now);
+        }
+        reconciler
+    }
+
+    /// Feeds one input.
+    pub fn handle(&mut self, input: Input, now: Now) {
+        match input {
+            Input::Quota(event) => self.on_quota_event(event, now),
+            Input::LogicalCluster(event) => self.on_logical_cluster(event, now),
+            Input::ApiChanged(Some(cluster)) => self.discoveries.api_changed(&cluster, now.instant),
+            Input::ApiChanged(None) if self.shard.is_none() => {
+                let cluster = self.settings.cluster.clone();
+                self.discoveries.api_changed(&cluster, now.instant);
+            }
+            Input::ApiChanged(None) => self.discoveries.all_changed(now.instant),
+            Input::Discovered { cluster, result } => {
+                self.discoveries.finished(&cluster, result.is_ok(), now.instant);
+                if self.members.contains_key(&cluster) {
+                    self.on_discovery(&cluster, result, now);
+                }
+            }
+            Input::Watch { id, item } => {
+                let mut out = Vec::new();
+                self.watches
+                    .on_item(&mut self.engine, id, item, now.time, &mut out);
+                self.carry_out(out, now);
+            }
+            Input::Filled {
+                key,
+                namespace,
+                listed,
+            } => {
+                let shared = &self.shared;
+                let mut out = Vec::new();
+                self.watches.on_fill(
+                    &mut self.engine,
+                    &key,
+                    &namespace,
+                    listed,
+                    &|r: &GroupResource| shared.contains(r),
+                    &mut out,
+                );
+                self.carry_out(out, now);
+            }
+            Input::Written {
+                key,
+                precondition,
+                result,
+            } => self.on_write(&key, precondition.as_deref(), result, now),
+            Input::Read { key, result } => self.on_read(&key, result, now),
+            Input::SharedChanged(shared) => {
+                self.shared = shared;
+                let shared = &self.shared;
+                let mut out = Vec::new();
+                self.watches.on_shared_changed(
+                    &mut self.engine,
+                    &|r: &GroupResource| shared.contains(r),
+                    &mut out,
+                );
+                self.carry_out(out, now);
+            }
+        }
+    }
+
+    /// Does what is due at `now`: discoveries, the periodic resync, quota syncs (within the
+    /// concurrency).
+    pub fn tick(&mut self, now: Now) {
+        for cluster in self.discoveries.start_due(now.instant) {
+            self.effects.push(Effect::Discover(cluster));
+        }
+        if self.next_resync.is_some_and(|at| at <= now.instant) {
+            self.next_resync = Some(now.instant + self.settings.resync_period);
+            self.enqueue_all(now.instant);
+        }
+        while self.busy_writes(now.instant).0 < self.settings.concurrency.max(1) {
+            let Some(key) = self.queue.pop_ready(now.instant) else {
+                break;
+            };
+            self.sync_quota(key, now);
+        }
+    }
+
+    /// When [`Reconciler::tick`] has something to do next (`None`: only an input can bring
+    /// work).
+    #[must_use]
+    pub fn next_wakeup(&self, now: Instant) -> Option<Instant> {
+        let (busy, next_stall) = self.busy_writes(now);
+        let syncs = if busy < self.settings.concurrency.max(1) {
+            self.queue.next_ready()
+        } else {
+            next_stall
+        };
+        [syncs, self.discoveries.next_due(), self.next_resync]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// The effects decided since the last call, in order.
+    pub fn take_effects(&mut self) -> Vec<Effect> {
+        std::mem::take(&mut self.effects)
+    }
+
+    /// Status writes in flight (for the executor's shutdown).
+    #[must_use]
+    pub fn writes_in_flight(&self) -> usize {
+        self.writing.len()
+    }
+
+    /// The engine (read-only: reports and `explain`).
+    #[must_use]
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The watch set (read-only: reports and `explain`).
+    #[must_use]
+    pub fn watches(&self) -> &Watches {
+        &self.watches
+    }
+
+    /// The shadow and withheld books.
+    #[must_use]
+    pub fn books(&self) -> &Books {
+        &self.books
+    }
+
+    /// The clusters served now.
+    #[must_use]
+    pub fn members(&self) -> &BTreeMap<ClusterName, Member> {
+        &self.members
+    }
+
+    /// The settings.
+    #[must_use]
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The quota watch has completed its first list.
+    #[must_use]
+    pub fn quotas_synced(&self) -> bool {
+        self.quotas_synced
+    }
+
+    /// Whether the hub shares `resource` now.
+    #[must_use]
+    pub fn is_shared(&self, resource: &GroupResource) -> bool {
+        self.shared.contains(resource)
+    }
+
+    /// Of the writes in flight, how many still count against the concurrency at `now`, and
+    /// when the next of them stops counting.
+    fn busy_writes(&self, now: Instant) -> (usize, Option<Instant>) {
+        busy_writes(self.writing.values().copied(), now)
+    }
+
+    fn enqueue_all(&mut self, now: Instant) {
+        let mut keys: Vec<QuotaKey> = self.engine.index.quotas().map(|(k, _)| k.clone()).collect();
+        // In key order, not the index's hash order: the same inputs give the same effects
+        // (the simulator replays a seed).
+        keys.sort_unstable();
+        for key in keys {
+            self.queue.add(key, now);
+        }
+    }
+
+    /// Milliseconds since the reconciler started: the lowering rule's time.
+    fn ms(&self, now: Instant) -> u64 {
+        u64::try_from(now.saturating_duration_since(self.epoch).as_millis()).unwrap_or(u64::MAX)
+    }
+
+    // ---- demand → watches: the watch set decides, this passes its actions on ---------------
+
+    fn apply_demand(&mut self, changes: &[DemandChange], now: Now) {
+        let touched: BTreeSet<(ClusterName, GroupResource)> = changes
+            .iter()
+            .map(|c| (c.cluster.clone(), c.resource.clone()))
+            .collect();
+        for (cluster, resource) in touched {
+            self.sync_watches(&cluster, &resource, now);
+        }
+    }
+
+    fn sync_watches(&mut self, cluster: &ClusterName, resource: &GroupResource, now: Now) {
+        let shared = &self.shared;
+        let mut out = Vec::new();
+        self.watches.sync(
+            &mut self.engine,
+            cluster,
+            resource,
+            &|r: &GroupResource| shared.contains(r),
+            &mut out,
+        );
+        self.carry_out(out, now);
+    }
+
+    /// Turns the watch set's actions into effects (and log lines).
+    fn carry_out(&mut self, actions: Vec<Action>, now: Now) {
+        for action in actions {
+            match action {
+                Action::Start {
+                    id,
+                    key,
+                    served,
+                    shared,
+                } => {
+                    info!(watch = %key, version = %served.version, shared, "watch started");
+                    self.opened.insert(id, now.instant);
+                    self.effects.push(Effect::OpenWatch {
+                        id,
+                        key,
+                        served,
+                        shared,
+                    });
+                }
+                Action::Restart { id, key, served } => {
+                    info!(watch = %key, "watch failed after its sync: reopened to list afresh");
+                    self.opened.insert(id, now.instant);
+                    self.effects.push(Effect::CloseWatch { id });
+                    self.effects.push(Effect::OpenWatch {
+                        id,
+                        key,
+                        served,
+                        shared: false,
+                    });
+                }
+                Action::Stop { id, key } => {
+                    info!(watch = %key, "watch stopped");
+                    self.opened.remove(&id);
+                    self.effects.push(Effect::CloseWatch { id });
+                }
+                Action::Fill {
+                    key,
+                    namespace,
+                    served,
+                } => {
+                    debug!(watch = %key, %namespace, "filling a joining namespace from a list");
+                    self.effects.push(Effect::Fill {
+                        key,
+                        namespace,
+                        served,
+                    });
+                }
+                Action::Enqueue(quota) => self.queue.add(quota, now.instant),
+                Action::Event {
+                    quota,
+                    warning,
+                    reason,
+                    note,
+                } => self.emit(&quota, warning, reason, note),
+                Action::Demand {
+                    cluster,
+                    resource,
+                    count,
+                } => self.effects.push(Effect::Demand {
+                    cluster,
+                    resource,
+                    count,
+                }),
+                Action::Listing(key) => self
+                    .effects
+                    .push(Effect::Metric(Metric::Relist(key.resource_label()))),
+                Action::Synced(key) => info!(watch = %key, "watch synced"),
+                Action::Recovered(key) => info!(watch = %key, "watch recovered"),
+                Action::Failing {
+                    key,
+                    reason,
+                    message,
+                    new_reason,
+                } => {
+                    if new_reason {
+                        warn!(watch = %key, reason, error = %message, "watch failing; until it lists again, keys computed from it are not written lower");
+                    }
+                    self.effects.push(Effect::Metric(Metric::WatchError {
+                        resource: key.resource_label(),
+                        reason,
+                    }));
+                }
+                Action::Malformed {
+                    key,
+                    namespace,
+                    name,
+                    reason,
+                } => {
+                    warn!(watch = %key, %namespace, %name, %reason, "object could not be projected; left out of usage");
+                }
+                Action::FillFailed {
+                    key,
+                    namespace,
+                    error,
+                } => {
+                    warn!(watch = %key, %namespace, %error, "listing a joining namespace failed; restarting the watch");
+                }
+            }
+        }
+    }
+
+    /// Records an Event on a quota.
+    fn emit(&mut self, quota: &QuotaKey, warning: bool, reason: &'static str, note: String) {
+        let uid = self.engine.index.get(quota).and_then(|e| e.payload.uid.clone());
+        let workspace = self.members.get(&quota.cluster).and_then(|m| m.workspace.clone());
+        self.effects.push(Effect::Event {
+            quota: quota.clone(),
+            uid,
+            workspace,
+            warning,
+            reason,
+            note,
+        });
+    }
+}

@@ -1,0 +1,171 @@
+//! What goes into the reconciler and what comes out: [`Input`]s the executor feeds it,
+//! [`Effect`]s it returns, and the time each input comes with.
+
+use std::{collections::BTreeSet, sync::Arc, time::Instant};
+
+use k8s_openapi::api::core::v1::ResourceQuota;
+use lazyquota_quota::Time;
+
+use super::{ClusterEvent, Discovered, Failure, QuotaEvent, StatusWrite};
+use crate::{
+    engine::Projected,
+    keys::{ClusterName, GroupResource, QuotaKey},
+    planner::WatchKey,
+    resolver::ServedResource,
+    watches::Item,
+};
+
+/// The time of an input: a monotonic instant for timers, the wall time for evaluators.
+#[derive(Clone, Copy, Debug)]
+pub struct Now {
+    /// For timers and backoff.
+    pub instant: Instant,
+    /// For comparisons with object timestamps.
+    pub time: Time,
+}
+
+/// What happened, as the executor saw it.
+#[derive(Debug)]
+pub enum Input {
+    /// An event of the ResourceQuota watch (wildcard on a kcp shard).
+    Quota(QuotaEvent),
+    /// kcp: an event of the wildcard LogicalCluster watch.
+    LogicalCluster(ClusterEvent),
+    /// What a cluster may serve changed (a CRD, APIService or APIBinding); `None`: any
+    /// served cluster (a change on Kubernetes, or a relist of the watch).
+    ApiChanged(Option<ClusterName>),
+    /// A discovery ended.
+    Discovered {
+        /// Of this cluster.
+        cluster: ClusterName,
+        /// What it found, or the error.
+        result: Result<Discovered, String>,
+    },
+    /// An item of watch `id`.
+    Watch {
+        /// The watch.
+        id: u64,
+        /// The item.
+        item: Item,
+    },
+    /// A list filling a namespace that joined a cluster-wide watch ended.
+    Filled {
+        /// The watch.
+        key: WatchKey,
+        /// The namespace.
+        namespace: Arc<str>,
+        /// What it listed, or the error.
+        listed: Result<Vec<(String, Projected)>, String>,
+    },
+    /// A status write ([`Effect::WriteStatus`]) was answered.
+    Written {
+        /// The quota.
+        key: QuotaKey,
+        /// The resourceVersion the write was conditioned on.
+        precondition: Option<String>,
+        /// The quota as written, or the failure.
+        result: Result<ResourceQuota, Failure>,
+    },
+    /// A fresh read ([`Effect::ReadQuota`]) was answered.
+    Read {
+        /// The quota.
+        key: QuotaKey,
+        /// The quota, or the failure.
+        result: Result<ResourceQuota, Failure>,
+    },
+    /// kcp: the hub's set of shared types now.
+    SharedChanged(BTreeSet<GroupResource>),
+}
+
+/// What the executor is to do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Effect {
+    /// Open watch `id` (`shared`: subscribe to the kcp hub's shared watch).
+    OpenWatch {
+        /// Tags its items.
+        id: u64,
+        /// What it watches.
+        key: WatchKey,
+        /// The version and scope served.
+        served: ServedResource,
+        /// From the hub.
+        shared: bool,
+    },
+    /// Close watch `id`.
+    CloseWatch {
+        /// Its id.
+        id: u64,
+    },
+    /// List one namespace joining a cluster-wide watch; answer with [`Input::Filled`].
+    Fill {
+        /// The watch.
+        key: WatchKey,
+        /// The namespace.
+        namespace: Arc<str>,
+        /// The version and scope served.
+        served: ServedResource,
+    },
+    /// Run discovery of a cluster; answer with [`Input::Discovered`].
+    Discover(ClusterName),
+    /// Write a quota's status; answer with [`Input::Written`].
+    WriteStatus(StatusWrite),
+    /// Read a quota afresh; answer with [`Input::Read`].
+    ReadQuota(QuotaKey),
+    /// Record an Event on a quota.
+    Event {
+        /// The quota.
+        quota: QuotaKey,
+        /// Its uid, if known.
+        uid: Option<String>,
+        /// kcp: its workspace path.
+        workspace: Option<String>,
+        /// Warning (else Normal).
+        warning: bool,
+        /// The reason.
+        reason: &'static str,
+        /// The note.
+        note: String,
+    },
+    /// kcp: tell the hub whether `cluster` watches `resource` for counts.
+    Demand {
+        /// The logical cluster.
+        cluster: ClusterName,
+        /// The type.
+        resource: GroupResource,
+        /// Watched for counts.
+        count: bool,
+    },
+    /// kcp: a logical cluster was let go (its hub demand and Event series go).
+    Disengaged(ClusterName),
+    /// Count something.
+    Metric(Metric),
+}
+
+/// A metric to count.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Metric {
+    /// A quota sync ended (`written`, `conflict`, `error`, `unchanged`, `shadow_*`).
+    QuotaSync {
+        /// The result label.
+        result: &'static str,
+        /// How long it took since its write started; `None`: decided within the input or
+        /// tick that produced this effect (the executor times that: the reconciler has no
+        /// clock).
+        seconds: Option<f64>,
+    },
+    /// A status write was answered (`ok`, `conflict`, `not_found`, `invalid`, `error`).
+    StatusWrite(&'static str),
+    /// A watch (re)lists: its resource label.
+    Relist(String),
+    /// A watch failed.
+    WatchError {
+        /// Its resource label.
+        resource: String,
+        /// The reason label.
+        reason: &'static str,
+    },
+    /// A discovery ended (`ok`, `error`).
+    Discovery(&'static str),
+    /// kcp: logical clusters served now.
+    Engaged(usize),
+}

@@ -1,0 +1,274 @@
+//! Computing a quota and writing its status: when to write, what a write's answer means (the
+//! 409/404/422 policy), and the shadow and withheld reports.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::{api::core::v1::ResourceQuota, apimachinery::pkg::api::resource::Quantity as K8sQuantity};
+use lazyquota_quota::Quantity;
+use tracing::{debug, warn};
+
+use super::{Effect, FIRST_LIST_GRACE, Metric, Now, Reconciler};
+use crate::{
+    keys::{GroupResource, QuotaKey},
+    lowering,
+    mutation::{Mutation, active},
+};
+
+/// A status write: a JSON merge patch of `status.hard` and `status.used` guarded by the
+/// quota's resourceVersion (409 if the quota changed meanwhile).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StatusWrite {
+    /// The quota.
+    pub key: QuotaKey,
+    /// The resourceVersion the write is conditioned on.
+    pub precondition: Option<String>,
+    /// `status.hard` as written.
+    pub hard: BTreeMap<String, K8sQuantity>,
+    /// `status.used` as written.
+    pub used: BTreeMap<String, K8sQuantity>,
+    /// Keys of the stored `status.hard` this write removes.
+    pub removed_hard: Vec<String>,
+    /// Keys of the stored `status.used` this write removes.
+    pub removed_used: Vec<String>,
+    /// Keys whose `used` this write lowers (below the stored value, or removed): the keys it
+    /// may take an admission charge back from, if its view is behind.
+    pub lowers: Vec<String>,
+}
+
+/// Why a request failed: the HTTP status code if the server answered, and the message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// The server's status code (`None`: no answer — a timeout, a cut connection).
+    pub code: Option<u16>,
+    /// The error.
+    pub message: String,
+}
+
+fn removed(
+    now: &BTreeMap<String, K8sQuantity>,
+    before: Option<&BTreeMap<String, K8sQuantity>>,
+) -> Vec<String> {
+    before
+        .into_iter()
+        .flat_map(BTreeMap::keys)
+        .filter(|k| !now.contains_key(*k))
+        .cloned()
+        .collect()
+}
+
+fn lowers(
+    now: &BTreeMap<String, K8sQuantity>,
+    before: Option<&BTreeMap<String, K8sQuantity>>,
+) -> Vec<String> {
+    let Some(before) = before else { return Vec::new() };
+    before
+        .iter()
+        .filter(|(key, theirs)| match now.get(*key) {
+            None => true,
+            Some(ours) => match (Quantity::parse_k8s(ours), Quantity::parse_k8s(theirs)) {
+                (Ok(ours), Ok(theirs)) => ours < theirs,
+                _ => ours.0 != theirs.0,
+            },
+        })
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
+impl Reconciler {
+    pub(super) fn sync_quota(&mut self, key: QuotaKey, now: Now) {
+        if !self.engine.resolver.knows(&key.cluster) {
+            // Before the first discovery no watch can run, so a status written now would lack
+            // every watched key, and quota admission refuses creates while a key of
+            // `status.hard` has no `used`; KCM writes nothing before its informers sync
+            // either. The first discovery enqueues every quota.
+            self.queue.done(&key);
+            return;
+        }
+        let Some(computed) = self.engine.compute(&key, now.time) else {
+            self.queue.done(&key);
+            return;
+        };
+        if self.first_list_pending(&key, &computed.unsynced, now) {
+            // Its list's end enqueues the quota again; writing now would only be overwritten.
+            self.queue.done(&key);
+            return;
+        }
+        for error in &computed.scope_errors {
+            warn!(quota = %key, %error, "scope matching failed; usage is the partial sum, as upstream");
+        }
+        let mut decision = computed.decision;
+        let now_ms = self.ms(now.instant);
+        if let Some(held) = self
+            .engine
+            .index
+            .get(&key)
+            .filter(|_| !active(Mutation::NoChargeHold))
+            .and_then(|e| lowering::hold_lowering(&e.payload, &mut decision, now_ms))
+        {
+            debug!(quota = %key, keys = ?held.keys, "recent charges added to what is counted");
+            let at = self.epoch + std::time::Duration::from_millis(held.until_ms);
+            self.queue.add_at(key.clone(), at);
+        }
+        self.report_withheld(&key, &decision.withheld);
+        if self.settings.shadow || !decision.dirty {
+            let result = if self.settings.shadow {
+                let unknown: Vec<String> = computed
+                    .uncomputed
+                    .iter()
+                    .chain(
+                        computed
+                            .unclaimed
+                            .iter()
+                            .filter(|_| !active(Mutation::UnclaimedAgrees)),
+                    )
+                    .cloned()
+                    .collect();
+                self.report_shadow(&key, &decision, &unknown)
+            } else {
+                "unchanged"
+            };
+            self.effects.push(Effect::Metric(Metric::QuotaSync {
+                result,
+                seconds: None,
+            }));
+            self.queue.forget(&key);
+            self.queue.done(&key);
+            return;
+        }
+        let Some(state) = self.engine.index.get(&key).map(|e| &e.payload) else {
+            self.queue.done(&key);
+            return;
+        };
+        let write = StatusWrite {
+            precondition: state.resource_version.clone(),
+            removed_hard: removed(&decision.hard, state.status_hard.as_ref()),
+            removed_used: removed(&decision.used, state.status_used.as_ref()),
+            lowers: lowers(&decision.used, state.status_used.as_ref()),
+            key: key.clone(),
+            hard: decision.hard,
+            used: decision.used,
+        };
+        self.writing.insert(key, now.instant);
+        self.effects.push(Effect::WriteStatus(write));
+    }
+
+    /// Whether a resource the quota needs is still on its first list (not failing, opened less
+    /// than [`FIRST_LIST_GRACE`] ago). Writing then would write a status that the list's end
+    /// overwrites a moment later; upstream avoids that by waiting for all its informers.
+    fn first_list_pending(&self, key: &QuotaKey, unsynced: &[GroupResource], now: Now) -> bool {
+        self.watches.first_lists_pending(key, unsynced).any(|id| {
+            self.opened
+                .get(&id)
+                .is_some_and(|at| now.instant.saturating_duration_since(*at) < FIRST_LIST_GRACE)
+        })
+    }
+
+    /// The seconds since the write of `key` started (its sync's duration, for the metric).
+    fn write_seconds(&mut self, key: &QuotaKey, now: Now) -> Option<f64> {
+        self.writing
+            .remove(key)
+            .map(|at| now.instant.saturating_duration_since(at).as_secs_f64())
+    }
+
+    pub(super) fn on_write(
+        &mut self,
+        key: &QuotaKey,
+        precondition: Option<&str>,
+        result: Result<ResourceQuota, Failure>,
+        now: Now,
+    ) {
+        let seconds = self.write_seconds(key, now);
+        self.queue.done(key);
+        let (sync, write) = match &result {
+            Ok(_) => ("written", "ok"),
+            Err(Failure { code: Some(409), .. }) => ("conflict", "conflict"),
+            Err(Failure { code: Some(404), .. }) => ("", "not_found"),
+            Err(Failure { code: Some(422), .. }) => ("error", "invalid"),
+            Err(_) => ("error", "error"),
+        };
+        if !sync.is_empty() {
+            self.effects.push(Effect::Metric(Metric::QuotaSync {
+                result: sync,
+                seconds,
+            }));
+        }
+        self.effects.push(Effect::Metric(Metric::StatusWrite(write)));
+        match result {
+            Ok(written) => {
+                self.queue.forget(key);
+                let precondition = if active(Mutation::StaleResponse) {
+                    self.engine
+                        .index
+                        .get(key)
+                        .and_then(|e| e.payload.resource_version.clone())
+                } else {
+                    precondition.map(str::to_owned)
+                };
+                self.engine.record_written(key, precondition.as_deref(), &written);
+                debug!(quota = %key, resource_version = ?written.metadata.resource_version, "status written");
+            }
+            Err(Failure { code: Some(409), .. }) => {
+                let held = self
+                    .engine
+                    .index
+                    .get(key)
+                    .and_then(|e| e.payload.resource_version.clone());
+                if active(Mutation::WaitOnConflict) {
+                    self.queue.add_rate_limited(key.clone(), now.instant);
+                } else if held.as_deref() == precondition {
+                    // Nothing newer has come yet, and it may have passed already (a response
+                    // older than the watch): read the quota afresh, then compute again.
+                    debug!(quota = %key, resource_version = ?held, "status write conflicted; reading the quota");
+                    self.effects.push(Effect::ReadQuota(key.clone()));
+                } else {
+                    // The watch brought the newer version meanwhile: compute from it now.
+                    debug!(quota = %key, resource_version = ?held, "status write conflicted; the newer version is here");
+                    self.queue.add(key.clone(), now.instant);
+                }
+            }
+            Err(Failure { code: Some(404), .. }) => self.queue.forget(key),
+            Err(Failure {
+                code: Some(422),
+                message,
+            }) => {
+                // The apiserver refuses the status itself: status.hard copies spec.hard, so a
+                // quota that got past validation (an invalid key) cannot be written — upstream
+                // fails the same way. Say so on the quota; retry with backoff (an edit of the
+                // quota triggers a new computation anyway).
+                let delay = self.queue.add_rate_limited(key.clone(), now.instant);
+                warn!(quota = %key, error = %message, ?delay, "the apiserver rejected the status as invalid");
+                let note = format!("status update rejected as invalid: {message}");
+                self.emit(key, true, "StatusRejected", note);
+            }
+            Err(Failure { message, .. }) => {
+                let delay = self.queue.add_rate_limited(key.clone(), now.instant);
+                warn!(quota = %key, error = %message, ?delay, "status write failed; retrying");
+            }
+        }
+    }
+
+    pub(super) fn on_read(&mut self, key: &QuotaKey, result: Result<ResourceQuota, Failure>, now: Now) {
+        match result {
+            Ok(quota) => {
+                let held = self
+                    .engine
+                    .index
+                    .get(key)
+                    .and_then(|e| e.payload.resource_version.clone());
+                if held == quota.metadata.resource_version {
+                    // Nothing newer after all: retry with backoff rather than at once.
+                    self.queue.add_rate_limited(key.clone(), now.instant);
+                } else {
+                    self.apply_quota(&quota, now);
+                    self.queue.add(key.clone(), now.instant);
+                }
+            }
+            // Deleted meanwhile: its watch event removes it.
+            Err(Failure { code: Some(404), .. }) => {}
+            Err(Failure { message, .. }) => {
+                let delay = self.queue.add_rate_limited(key.clone(), now.instant);
+                warn!(quota = %key, error = %message, ?delay, "reading the quota after a conflict failed; retrying");
+            }
+        }
+    }
+}
