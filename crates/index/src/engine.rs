@@ -49,6 +49,17 @@ pub struct QuotaState {
     /// whose objects may not be held yet): never written below ([`crate::lowering`]). Empty,
     /// and so free, on a quota nobody charges; at most [`crate::lowering::MAX_CHARGES`].
     pub charges: Vec<crate::lowering::Charge>,
+    /// The resourceVersion the quota is at and when (the caller's milliseconds) lazyquota saw
+    /// it first: until the watches feeding it have come that far, or
+    /// [`crate::lowering::SETTLE_MS`] have passed, no key of it is written lower or for the
+    /// first time ([`crate::lowering::hold_until_caught_up`]).
+    pub view: (u64, u64),
+    /// Keys added to `spec.hard` since lazyquota last saw them there while `status.used`
+    /// still has a value for them: nobody maintained that value meanwhile (admission charges
+    /// only keys in `spec.hard`), so until lazyquota writes a computed value it is never
+    /// copied as the key's previous value ([`crate::lowering::drop_unmaintained`]). Empty
+    /// (no allocation) on a quota whose keys do not come back.
+    pub fresh: Vec<String>,
 }
 
 impl QuotaState {
@@ -83,8 +94,31 @@ impl QuotaState {
             resource_version: quota.metadata.resource_version.clone(),
             uid: quota.metadata.uid.clone(),
             charges: Vec::new(),
+            view: (0, 0),
+            fresh: Vec::new(),
         };
         (policy, state)
+    }
+
+    /// Carries what is kept across events from `old`, the state this one replaces: recent
+    /// charges, the view, and the keys added back to `spec.hard` ([`QuotaState::fresh`]).
+    fn carry_from(&mut self, old: &QuotaState) {
+        self.charges.clone_from(&old.charges);
+        self.view = old.view;
+        let used = self.status_used.as_ref();
+        let before = &old.spec.hard_keys;
+        let mut fresh: Vec<String> = old
+            .fresh
+            .iter()
+            .filter(|k| self.spec.hard_keys.contains(*k))
+            .cloned()
+            .collect();
+        for key in &self.spec.hard_keys {
+            if !before.contains(key) && used.is_some_and(|u| u.contains_key(key)) && !fresh.contains(key) {
+                fresh.push(key.clone());
+            }
+        }
+        self.fresh = fresh;
     }
 }
 
@@ -280,7 +314,7 @@ impl Engine {
         let (policy, mut state) = QuotaState::from_quota(quota, self.kcp);
         let old = self.index.get(&key).map(|old| &old.payload);
         if let Some(old) = old {
-            state.charges.clone_from(&old.charges);
+            state.carry_from(old);
         }
         let recompute = match self.index.get(&key) {
             None => true,
@@ -335,21 +369,47 @@ impl Engine {
         self.index.delete(key)
     }
 
-    /// Replaces every quota of `cluster` (a relist of the quota watch).
+    /// Replaces every quota of `cluster` (a relist of the quota watch): see [`Reset`]. Each quota still there
+    /// keeps its recent charges ([`crate::lowering`]): a relist must not forget a charge whose
+    /// object is still on its way. Returns the demand changes and, per quota, what someone
+    /// else raised in `status.used` since the view held (charges the relist brought instead
+    /// of the events missed): the caller notes them as charges, and the quotas new or at
+    /// another resourceVersion (the caller notes their view).
     pub fn reset_quotas<'a>(
         &mut self,
         cluster: &ClusterName,
         quotas: impl IntoIterator<Item = (QuotaKey, &'a ResourceQuota)>,
-    ) -> Vec<DemandChange> {
+    ) -> Reset {
         let kcp = self.kcp;
+        let mut raised = Vec::new();
+        let mut moved = Vec::new();
         let entries: Vec<_> = quotas
             .into_iter()
             .map(|(key, quota)| {
-                let (policy, state) = QuotaState::from_quota(quota, kcp);
+                let (policy, mut state) = QuotaState::from_quota(quota, kcp);
+                let old = self.index.get(&key).map(|e| &e.payload);
+                if old.is_none_or(|old| old.resource_version != state.resource_version) {
+                    moved.push(key.clone());
+                }
+                if let Some(old) = old {
+                    state.carry_from(old);
+                }
+                if let Some(old) = old
+                    && !crate::mutation::active(crate::mutation::Mutation::NoChargeHold)
+                {
+                    let by = crate::lowering::raised(old.status_used.as_ref(), state.status_used.as_ref());
+                    if !by.is_empty() {
+                        raised.push((key.clone(), by));
+                    }
+                }
                 (key, policy, state)
             })
             .collect();
-        self.index.reset(cluster, entries)
+        Reset {
+            changes: self.index.reset(cluster, entries),
+            raised,
+            moved,
+        }
     }
 
     /// Notes what someone else raised in the quota's `status.used`, seen at `now_ms` (the
@@ -358,6 +418,19 @@ impl Engine {
     pub fn note_charge(&mut self, key: &QuotaKey, raised: Vec<(String, Quantity)>, now_ms: u64) {
         if let Some(state) = self.index.payload_mut(key) {
             crate::lowering::note(&mut state.charges, raised, now_ms);
+        }
+    }
+
+    /// Notes that the quota's resourceVersion changed at `now_ms`: see
+    /// [`QuotaState::view`].
+    pub fn note_view(&mut self, key: &QuotaKey, now_ms: u64) {
+        if let Some(state) = self.index.payload_mut(key) {
+            let rv = state
+                .resource_version
+                .as_deref()
+                .and_then(|rv| rv.parse().ok())
+                .unwrap_or(u64::MAX);
+            state.view = (rv, now_ms);
         }
     }
 
@@ -389,6 +462,9 @@ impl Engine {
             let status = written.status.as_ref();
             state.status_hard = status.and_then(|s| s.hard.clone());
             state.status_used = status.and_then(|s| s.used.clone());
+            // A key written (computed) is maintained again; one left out stays fresh.
+            let used = state.status_used.as_ref();
+            state.fresh.retain(|k| used.is_none_or(|u| !u.contains_key(k)));
             state
                 .resource_version
                 .clone_from(&written.metadata.resource_version);
@@ -938,6 +1014,17 @@ pub struct Computed {
     /// form): their stored value is copied as upstream copies it, but it is nobody's
     /// computation, so shadow mode calls them unknown, never agreeing.
     pub unclaimed: Vec<String>,
+}
+
+/// What a relist of the quota watch changed ([`Engine::reset_quotas`]).
+#[derive(Debug, Default)]
+pub struct Reset {
+    /// Demand changes.
+    pub changes: Vec<DemandChange>,
+    /// Per quota, what someone else raised in `status.used` since the view held.
+    pub raised: Vec<(QuotaKey, Vec<(String, Quantity)>)>,
+    /// Quotas new or at another resourceVersion than the view held.
+    pub moved: Vec<QuotaKey>,
 }
 
 fn synced_len<P: HeapSize>(store: &UsageStore<P>, p: &PartitionKey) -> Option<usize> {

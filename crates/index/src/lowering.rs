@@ -91,54 +91,134 @@ pub fn note(charges: &mut Vec<Charge>, raised: Vec<(String, Quantity)>, now_ms: 
     }
 }
 
-/// Writes every key of `decision` that would go below the stored value no lower than what is
-/// counted plus the key's charges younger than [`SETTLE_MS`] at `now_ms` (and no higher than
-/// the stored value), and clears `dirty` when nothing is left to write.
-pub fn hold_lowering(state: &QuotaState, decision: &mut StatusDecision, now_ms: u64) -> Option<Held> {
-    let recent: Vec<&Charge> = state
-        .charges
+/// Writes every key of `decision` no lower than what is counted plus the charges of that key
+/// younger than [`SETTLE_MS`] at `now_ms` — the charges seen on **any** quota of the quota's
+/// namespace (`charges`: they are charges for objects of that namespace, which this quota
+/// counts too, whether it was charged or created a moment later) — and no higher than the
+/// stored value, where there is one. A key with no stored value (a quota or key just added)
+/// is written at that floor, or left out (admission then refuses what would charge it:
+/// closed, not open) if a charge's amount is unknown. Clears `dirty` when nothing is left
+/// to write.
+pub fn hold_lowering(
+    state: &QuotaState,
+    charges: &[&Charge],
+    decision: &mut StatusDecision,
+    now_ms: u64,
+) -> Option<Held> {
+    let recent: Vec<&Charge> = charges
         .iter()
+        .copied()
         .filter(|c| c.at_ms.saturating_add(SETTLE_MS) > now_ms)
         .collect();
-    let stored = state.status_used.as_ref()?;
+    if recent.is_empty() {
+        return None;
+    }
+    let stored = state.status_used.as_ref();
     let mut held = Held {
         keys: Vec::new(),
         until_ms: 0,
     };
+    let mut unknown = Vec::new();
     for (key, ours) in &mut decision.used {
-        let Some(theirs) = stored.get(key) else {
+        let Ok(counted) = Quantity::parse_k8s(ours) else {
             continue;
         };
-        let (Ok(counted), Ok(stored_value)) = (Quantity::parse_k8s(ours), Quantity::parse_k8s(theirs)) else {
-            continue;
+        let theirs = stored.and_then(|s| s.get(key));
+        let stored_value = match theirs.map(Quantity::parse_k8s) {
+            Some(Ok(v)) => Some(v),
+            Some(Err(_)) => continue,
+            None => None,
         };
-        if counted >= stored_value {
+        if stored_value.as_ref().is_some_and(|v| counted >= *v) {
             continue;
         }
         let mut floor = counted;
-        let mut charged = false;
+        let mut any_charge = false;
         for charge in &recent {
             for (_, by) in charge.raised.iter().filter(|(k, _)| k == key) {
                 floor = floor.add(by);
-                charged = true;
+                any_charge = true;
                 held.until_ms = held.until_ms.max(charge.at_ms.saturating_add(SETTLE_MS));
             }
         }
-        if !charged {
+        if !any_charge {
             continue;
         }
-        *ours = if floor.is_unknown() || floor >= stored_value {
-            theirs.clone()
-        } else {
-            floor.to_k8s()
-        };
+        match (theirs, stored_value) {
+            (Some(theirs), Some(v)) if floor.is_unknown() || floor >= v => *ours = theirs.clone(),
+            _ if floor.is_unknown() => unknown.push(key.clone()),
+            _ => *ours = floor.to_k8s(),
+        }
         held.keys.push(key.clone());
+    }
+    for key in unknown {
+        decision.used.remove(&key);
     }
     if held.keys.is_empty() {
         return None;
     }
-    decision.dirty = hard_dirty(state) || !same(&decision.used, stored);
+    let empty = BTreeMap::new();
+    decision.dirty = hard_dirty(state) || !same(&decision.used, stored.unwrap_or(&empty));
     Some(held)
+}
+
+/// Leaves out of `decision` each key added back to `spec.hard` whose stored value nobody
+/// maintained meanwhile ([`QuotaState::fresh`]) and that was not computed this time
+/// (`uncomputed`): upstream copies such a value as the previous one, which can be below
+/// the objects created while the key was gone. Left out, admission refuses what would charge
+/// it until it is computed (closed, not open). Returns whether a key was left out.
+pub fn drop_unmaintained(state: &QuotaState, uncomputed: &[String], decision: &mut StatusDecision) -> bool {
+    let mut dropped = false;
+    for key in state.fresh.iter().filter(|k| uncomputed.contains(*k)) {
+        dropped |= decision.used.remove(key).is_some();
+    }
+    if dropped {
+        let empty = BTreeMap::new();
+        decision.dirty =
+            hard_dirty(state) || !same(&decision.used, state.status_used.as_ref().unwrap_or(&empty));
+    }
+    dropped
+}
+
+/// Until the watches a quota is computed from have caught up with its last change by someone
+/// else (`caught_up`: each delivered an object at or past that resourceVersion, or listed
+/// after it), a key is written neither lower than stored nor for the first time: an object
+/// stored before that change — uncharged if the key is new — may still be on its way.
+/// Keeps each such key at its stored value, or leaves a new one out (admission refuses
+/// what would charge it: closed, not open). Returns whether a key was held; clears `dirty`
+/// when nothing is left to write. The caller computes again once caught up, or
+/// [`SETTLE_MS`] after the change, whichever comes first.
+pub fn hold_until_caught_up(state: &QuotaState, decision: &mut StatusDecision) -> bool {
+    let stored = state.status_used.as_ref();
+    let mut held = false;
+    let mut new = Vec::new();
+    for (key, ours) in &mut decision.used {
+        match stored.and_then(|s| s.get(key)) {
+            None => new.push(key.clone()),
+            Some(theirs) => match (Quantity::parse_k8s(ours), Quantity::parse_k8s(theirs)) {
+                (Ok(o), Ok(t)) if o < t => {
+                    *ours = theirs.clone();
+                    held = true;
+                }
+                _ => {}
+            },
+        }
+    }
+    held |= !new.is_empty();
+    for key in new {
+        decision.used.remove(&key);
+    }
+    if held {
+        // Written only for what is new (a `spec.hard` to copy, a key to raise): not for the
+        // held keys themselves — an empty `used` is "dirty" to upstream, and each write would
+        // move the quota's version on and hold its keys again, for ever.
+        let empty = BTreeMap::new();
+        decision.dirty = !same(
+            state.spec_hard.as_ref().unwrap_or(&empty),
+            state.status_hard.as_ref().unwrap_or(&empty),
+        ) || !same(&decision.used, stored.unwrap_or(&empty));
+    }
+    held
 }
 
 /// `assemble_status`'s reasons to write that are not `used`: `status.hard` differs from
@@ -197,6 +277,10 @@ mod tests {
         state
     }
 
+    fn own(state: &QuotaState) -> Vec<&Charge> {
+        state.charges.iter().collect()
+    }
+
     fn decision(used: &[(&str, &str)]) -> StatusDecision {
         StatusDecision {
             hard: list(&[(CM, "30"), ("pods", "10")]),
@@ -211,7 +295,7 @@ mod tests {
         // 24 counted; 3 charged at 10.0 s and 2 at 10.2 s (their objects may be on the way).
         let state = state(&[(CM, "30"), ("pods", "2")], &[(10_000, 3), (10_200, 2)]);
         let mut d = decision(&[(CM, "24"), ("pods", "2")]);
-        let held = hold_lowering(&state, &mut d, 10_300).expect("held");
+        let held = hold_lowering(&state, &own(&state), &mut d, 10_300).expect("held");
         assert_eq!(held.keys, vec![CM.to_owned()]);
         assert_eq!(held.until_ms, 10_200 + SETTLE_MS);
         assert_eq!(d.used[CM].0, "29", "24 + 3 + 2");
@@ -219,12 +303,15 @@ mod tests {
 
         // The first charge aged out: 24 + 2.
         let mut d = decision(&[(CM, "24"), ("pods", "2")]);
-        hold_lowering(&state, &mut d, 10_000 + SETTLE_MS).expect("held");
+        hold_lowering(&state, &own(&state), &mut d, 10_000 + SETTLE_MS).expect("held");
         assert_eq!(d.used[CM].0, "26");
 
         // Every charge aged out: as counted.
         let mut d = decision(&[(CM, "24"), ("pods", "2")]);
-        assert_eq!(hold_lowering(&state, &mut d, 10_200 + SETTLE_MS), None);
+        assert_eq!(
+            hold_lowering(&state, &own(&state), &mut d, 10_200 + SETTLE_MS),
+            None
+        );
         assert_eq!(d.used[CM].0, "24");
     }
 
@@ -232,7 +319,7 @@ mod tests {
     fn never_above_the_stored_value_and_nothing_written_when_it_stands() {
         let state = state(&[(CM, "30"), ("pods", "2")], &[(10_000, 8)]);
         let mut d = decision(&[(CM, "28"), ("pods", "2")]);
-        hold_lowering(&state, &mut d, 10_001).expect("held");
+        hold_lowering(&state, &own(&state), &mut d, 10_001).expect("held");
         assert_eq!(d.used[CM].0, "30", "28 + 8 is past what admission charged");
         assert!(!d.dirty, "nothing else to write");
     }
@@ -241,11 +328,11 @@ mod tests {
     fn raising_and_keys_no_recent_charge_touched_are_written_as_computed() {
         let charged = state(&[(CM, "30"), ("pods", "5")], &[(10_000, 1)]);
         let mut d = decision(&[(CM, "31"), ("pods", "3")]);
-        assert_eq!(hold_lowering(&charged, &mut d, 10_001), None);
+        assert_eq!(hold_lowering(&charged, &own(&charged), &mut d, 10_001), None);
         assert_eq!((d.used[CM].0.as_str(), d.used["pods"].0.as_str()), ("31", "3"));
         let uncharged = state(&[(CM, "30"), ("pods", "2")], &[]);
         let mut d = decision(&[(CM, "1"), ("pods", "2")]);
-        assert_eq!(hold_lowering(&uncharged, &mut d, 0), None);
+        assert_eq!(hold_lowering(&uncharged, &own(&uncharged), &mut d, 0), None);
         assert_eq!(d.used[CM].0, "1");
     }
 
@@ -253,7 +340,7 @@ mod tests {
     fn equal_values_in_other_forms_are_not_lower() {
         let state = state(&[(CM, "30"), ("pods", "2")], &[(5, 1)]);
         let mut d = decision(&[(CM, "30000m"), ("pods", "2")]);
-        assert_eq!(hold_lowering(&state, &mut d, 6), None);
+        assert_eq!(hold_lowering(&state, &own(&state), &mut d, 6), None);
     }
 
     #[test]
@@ -276,7 +363,7 @@ mod tests {
         let odd = raised(None, Some(&list(&[(CM, "not-a-quantity")])));
         note(&mut state.charges, odd, 100);
         let mut d = decision(&[(CM, "2"), ("pods", "2")]);
-        hold_lowering(&state, &mut d, 101).expect("held");
+        hold_lowering(&state, &own(&state), &mut d, 101).expect("held");
         assert_eq!(d.used[CM].0, "30");
     }
 

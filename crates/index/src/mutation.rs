@@ -15,12 +15,13 @@ pub enum Mutation {
     UnclaimedAgrees,
     /// 5: a key is lowered right after admission charged it (no hold for charges in flight).
     NoChargeHold,
-    /// 6: a write's response replaces the view held even when newer events came meanwhile.
-    StaleResponse,
-    /// 6: a quota event older than the view held replaces it.
-    AcceptOlderQuota,
-    /// 6: a conflict waits for the quota watch instead of reading the quota afresh.
-    WaitOnConflict,
+    /// Found by the simulator: a key written lower, or for the first time, while the
+    /// watches it is computed from had not caught up with the quota's last change.
+    NoCatchUp,
+    /// 6: the old write policy — a write's response replaces the view held even when newer
+    /// events came meanwhile, a quota event older than the view held replaces it, and a
+    /// conflict waits (with backoff) for the quota watch instead of reading the quota afresh.
+    OldWritePolicy,
 }
 
 #[cfg(feature = "mutations")]

@@ -429,7 +429,8 @@ impl<T> PolicyIndex<T> {
             .is_some_and(|e| e.demands.contains_key(resource))
     }
 
-    fn in_namespace<'a>(
+    /// The quotas of `namespace` in `cluster`.
+    pub fn in_namespace<'a>(
         &'a self,
         cluster: &ClusterName,
         namespace: &str,

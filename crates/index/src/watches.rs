@@ -45,6 +45,8 @@ pub struct ObjectEvent {
     pub name: String,
     /// What the store keeps of it.
     pub object: Projected,
+    /// Its resourceVersion, when it is a number (etcd's): how far the watch has come.
+    pub revision: Option<u64>,
 }
 
 /// One event of a watch (a controller's own or its share of a kcp shared watch).
@@ -73,6 +75,10 @@ pub struct Running {
     /// Reopened after failing past its sync ([`Action::Restart`]); until its list ends a
     /// failure is left to kube's backoff.
     pub restarting: bool,
+    /// The highest resourceVersion of an object it delivered: it has delivered every change
+    /// up to there (a watch is in resourceVersion order), so a quota at a resourceVersion not
+    /// above it is computed from objects at least that new ([`crate::lowering`]).
+    pub observed: u64,
 }
 
 /// What the controller is to do.
@@ -368,6 +374,7 @@ impl Watches {
                 lists: 0,
                 shared,
                 restarting: false,
+                observed: 0,
             },
         );
     }
@@ -492,7 +499,9 @@ impl Watches {
                 namespace,
                 name,
                 object,
+                revision,
             }) => {
+                self.observe(&key, revision);
                 for (p, id, object) in self.targets(&key, &namespace, &name, object) {
                     if self.ensure_held(engine, &key, kind, &p)
                         && let Some(reason) = engine.relist_apply(kind, &p, id, object)
@@ -533,7 +542,9 @@ impl Watches {
                 namespace,
                 name,
                 object,
+                revision,
             }) => {
+                self.observe(&key, revision);
                 for (p, id, object) in self.targets(&key, &namespace, &name, object) {
                     if !self.ensure_held(engine, &key, kind, &p) {
                         continue; // another namespace's object on a cluster-wide watch: dropped at ingest
@@ -554,7 +565,9 @@ impl Watches {
                 namespace,
                 name,
                 object,
+                revision,
             }) => {
+                self.observe(&key, revision);
                 for (p, id, _) in self.targets(&key, &namespace, &name, object) {
                     if engine.delete(kind, &p, id) == Applied::Replenish {
                         Self::replenish(engine, &key, &p.namespace, out);
@@ -711,13 +724,20 @@ impl Watches {
         }
         let kind = store_kind(&key.resource, key.need);
         let p = partition(key, namespace);
+        let failing = running.failure.is_some();
         match listed {
             Ok(objects) => {
                 let objects = objects
                     .into_iter()
                     .map(|(name, o)| (self.ids.id(&name), o))
                     .collect();
-                if let Some(malformed) = engine.finish_fill(kind, &p, objects) {
+                let filled = engine.finish_fill(kind, &p, objects);
+                if failing {
+                    // Exact as listed, but the watch that keeps it current is down: it
+                    // counts once the watch delivers again (`recovered`).
+                    engine.set_stale(kind, &p, true);
+                }
+                if let Some(malformed) = filled {
                     for reason in malformed {
                         out.push(Action::Malformed {
                             key: key.clone(),
@@ -806,6 +826,29 @@ impl Watches {
                 note: note.to_owned(),
             });
         }
+    }
+
+    fn observe(&mut self, key: &WatchKey, revision: Option<u64>) {
+        if let (Some(running), Some(revision)) = (self.running.get_mut(key), revision) {
+            running.observed = running.observed.max(revision);
+        }
+    }
+
+    /// The open watches that feed `quota`'s `resources` (in its namespace, or cluster-wide).
+    pub fn feeding<'a>(
+        &'a self,
+        quota: &'a QuotaKey,
+        all_namespaces: bool,
+        resources: &'a [GroupResource],
+    ) -> impl Iterator<Item = &'a Running> + 'a {
+        self.running
+            .iter()
+            .filter(move |(w, _)| {
+                w.cluster == quota.cluster
+                    && resources.contains(&w.resource)
+                    && (all_namespaces || w.namespace.as_deref().is_none_or(|ns| ns == &*quota.namespace))
+            })
+            .map(|(_, r)| r)
     }
 
     /// Ids of the watches `quota` reads (among `unsynced` resources) that are still on their

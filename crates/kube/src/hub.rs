@@ -261,6 +261,7 @@ fn event_of(object: &PartialObjectMeta<DynamicObject>) -> ObjectEvent {
         namespace: object.namespace().unwrap_or_default(),
         name: object.name_any(),
         object: Projected::Meta,
+        revision: revision(object),
     }
 }
 

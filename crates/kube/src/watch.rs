@@ -213,6 +213,7 @@ fn object_event<K: Resource>(object: &Routed<K>, project: &impl Fn(&K) -> Projec
         namespace: object.0.namespace().unwrap_or_default(),
         name: object.0.name_any(),
         object: project(&object.0),
+        revision: object.0.resource_version().and_then(|rv| rv.parse().ok()),
     }
 }
 

@@ -154,8 +154,16 @@ impl Reconciler {
                 .push((key, quota));
         }
         let mut changes = Vec::new();
+        let at = self.ms(now.instant);
         for (cluster, keyed) in by_cluster {
-            changes.extend(self.engine.reset_quotas(&cluster, keyed));
+            let reset = self.engine.reset_quotas(&cluster, keyed);
+            changes.extend(reset.changes);
+            for (key, by) in reset.raised {
+                self.engine.note_charge(&key, by, at);
+            }
+            for key in reset.moved {
+                self.engine.note_view(&key, at);
+            }
         }
         for (key, entry) in self.engine.index.quotas() {
             for problem in &entry.payload.spec.problems {
@@ -185,13 +193,23 @@ impl Reconciler {
         if self
             .engine
             .is_older_than_known(&key, quota.metadata.resource_version.as_deref())
-            && !crate::mutation::active(crate::mutation::Mutation::AcceptOlderQuota)
+            && !crate::mutation::active(crate::mutation::Mutation::OldWritePolicy)
         {
             // A write's response or a fresh read is ahead of the watch: this event is in it.
             debug!(quota = %key, resource_version = ?quota.metadata.resource_version, "older than the status held; skipped");
             return;
         }
+        let before = self
+            .engine
+            .index
+            .get(&key)
+            .and_then(|e| e.payload.resource_version.clone());
         let update = self.engine.apply_quota(key.clone(), quota);
+        if quota.metadata.resource_version != before {
+            // A change (our own write's echo is recorded already).
+            let at = self.ms(now.instant);
+            self.engine.note_view(&key, at);
+        }
         for problem in &update.problems {
             warn!(quota = %key, %problem, "quota spec problem; other keys and quotas are unaffected");
             self.emit(&key, true, "InvalidSpec", problem.to_string());

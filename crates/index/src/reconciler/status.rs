@@ -97,17 +97,21 @@ impl Reconciler {
             warn!(quota = %key, %error, "scope matching failed; usage is the partial sum, as upstream");
         }
         let mut decision = computed.decision;
-        let now_ms = self.ms(now.instant);
-        if let Some(held) = self
-            .engine
-            .index
-            .get(&key)
-            .filter(|_| !active(Mutation::NoChargeHold))
-            .and_then(|e| lowering::hold_lowering(&e.payload, &mut decision, now_ms))
+        if let Some(e) = self.engine.index.get(&key)
+            && !active(Mutation::StaleCounts)
+            && lowering::drop_unmaintained(&e.payload, &computed.uncomputed, &mut decision)
         {
+            debug!(quota = %key, "a key added back to spec.hard is not computed yet: left out");
+        }
+        let now_ms = self.ms(now.instant);
+        if let Some(held) = self.hold_lowering(&key, &mut decision, now_ms) {
             debug!(quota = %key, keys = ?held.keys, "recent charges added to what is counted");
             let at = self.epoch + std::time::Duration::from_millis(held.until_ms);
             self.queue.add_at(key.clone(), at);
+        }
+        if let Some(settled) = self.hold_until_caught_up(&key, &mut decision, now) {
+            debug!(quota = %key, "watches behind the quota's last change: nothing written lower yet");
+            self.queue.add_at(key.clone(), settled);
         }
         self.report_withheld(&key, &decision.withheld);
         if self.settings.shadow || !decision.dirty {
@@ -150,6 +154,59 @@ impl Reconciler {
         };
         self.writing.insert(key, now.instant);
         self.effects.push(Effect::WriteStatus(write));
+    }
+
+    /// Holds back lowering `key` below what is counted plus the recent charges of its
+    /// namespace (every quota of it: they charge for the same objects).
+    fn hold_lowering(
+        &self,
+        key: &QuotaKey,
+        decision: &mut lazyquota_quota::StatusDecision,
+        now_ms: u64,
+    ) -> Option<lowering::Held> {
+        if active(Mutation::NoChargeHold) {
+            return None;
+        }
+        let state = &self.engine.index.get(key)?.payload;
+        let charges: Vec<&lowering::Charge> = self
+            .engine
+            .index
+            .in_namespace(&key.cluster, &key.namespace)
+            .filter_map(|k| self.engine.index.get(k))
+            .flat_map(|e| &e.payload.charges)
+            .collect();
+        lowering::hold_lowering(state, &charges, decision, now_ms)
+    }
+
+    /// Holds back keys written lower or for the first time while a watch the quota is
+    /// computed from has not come as far as the quota's last change by someone else
+    /// ([`lowering::hold_until_caught_up`]); returns when to compute again.
+    fn hold_until_caught_up(
+        &self,
+        key: &QuotaKey,
+        decision: &mut lazyquota_quota::StatusDecision,
+        now: Now,
+    ) -> Option<std::time::Instant> {
+        if active(Mutation::NoCatchUp) {
+            return None;
+        }
+        let entry = self.engine.index.get(key)?;
+        let (rv, at_ms) = entry.payload.view;
+        let changed = self.epoch + std::time::Duration::from_millis(at_ms);
+        let settled = changed + std::time::Duration::from_millis(lowering::SETTLE_MS);
+        if now.instant >= settled {
+            return None;
+        }
+        let resources: Vec<GroupResource> = entry.demands().keys().cloned().collect();
+        let all = &**entry.demand_namespace() == crate::keys::ALL_NAMESPACES;
+        let caught_up = self
+            .watches
+            .feeding(key, all, &resources)
+            .all(|w| w.observed >= rv || self.opened.get(&w.id).is_some_and(|at| *at >= changed));
+        if caught_up {
+            return None;
+        }
+        lowering::hold_until_caught_up(&entry.payload, decision).then_some(settled)
     }
 
     /// Whether a resource the quota needs is still on its first list (not failing, opened less
@@ -196,7 +253,7 @@ impl Reconciler {
         match result {
             Ok(written) => {
                 self.queue.forget(key);
-                let precondition = if active(Mutation::StaleResponse) {
+                let precondition = if active(Mutation::OldWritePolicy) {
                     self.engine
                         .index
                         .get(key)
@@ -205,6 +262,18 @@ impl Reconciler {
                     precondition.map(str::to_owned)
                 };
                 self.engine.record_written(key, precondition.as_deref(), &written);
+                if self
+                    .engine
+                    .index
+                    .get(key)
+                    .and_then(|e| e.payload.resource_version.as_ref())
+                    == written.metadata.resource_version.as_ref()
+                {
+                    // Objects stored up to this version (some admitted without a charge to
+                    // this quota) must reach the caches before a key is written lower.
+                    let at = self.ms(now.instant);
+                    self.engine.note_view(key, at);
+                }
                 debug!(quota = %key, resource_version = ?written.metadata.resource_version, "status written");
             }
             Err(Failure { code: Some(409), .. }) => {
@@ -213,7 +282,7 @@ impl Reconciler {
                     .index
                     .get(key)
                     .and_then(|e| e.payload.resource_version.clone());
-                if active(Mutation::WaitOnConflict) {
+                if active(Mutation::OldWritePolicy) {
                     self.queue.add_rate_limited(key.clone(), now.instant);
                 } else if held.as_deref() == precondition {
                     // Nothing newer has come yet, and it may have passed already (a response

@@ -65,6 +65,7 @@ fn event(namespace: &str, name: &str) -> ObjectEvent {
         namespace: namespace.into(),
         name: name.into(),
         object: Projected::Meta,
+        revision: None,
     }
 }
 

@@ -1,0 +1,217 @@
+//! The deterministic simulator: the real [`Reconciler`](lazyquota_index::reconciler) driven
+//! by a seeded scheduler against a model apiserver (`model.rs`) with tenants and faults
+//! (`world.rs`), checking after every step that no status write sets a `used` below the
+//! objects that exist, and at the end that every quota converged and exactly the demanded
+//! types are watched.
+//!
+//! ```text
+//! cargo test -p lazyquota-index --test sim                      # the CI range, 10,000 seeds
+//! LAZYQUOTA_SIM_SEED=1234 cargo test -p lazyquota-index --test sim replay -- --nocapture
+//! LAZYQUOTA_SIM_SEEDS=200000 cargo test --release -p lazyquota-index --test sim soak -- --ignored --nocapture
+//! ```
+//!
+//! A failing seed prints its trace and the command that replays it. The `mutation_*` tests put
+//! an old, wrong rule back (`lazyquota_index::mutation`) and expect some seed of the first
+//! 1,000 to fail on the invariant that rule breaks: the simulator cannot lose its teeth
+//! unnoticed.
+
+mod model;
+mod world;
+
+use std::collections::BTreeMap;
+
+use lazyquota_index::mutation::Mutation;
+use world::{MIN_STEPS, Options, Report, run};
+
+/// Seeds in the CI range, split across [`PARTS`] tests so they run on every core.
+const CI_SEEDS: u64 = 10_000;
+const PARTS: u64 = 8;
+
+/// Fault kinds every part of the CI range must see fire, and how often at least (per seed of
+/// the part): a change that stops a fault from firing fails here, not silently.
+const FLOORS: [(&str, f64); 12] = [
+    ("slow_response", 0.2),
+    ("watch_cut", 0.5),
+    ("watch_gone", 0.5),
+    ("forbidden", 0.5),
+    ("quota_relist", 0.5),
+    ("api_change", 0.5),
+    ("slow_watch", 0.5),
+    ("discovery_error", 0.02),
+    ("write_5xx", 0.5),
+    ("write_hung", 0.2),
+    ("write_409", 0.2),
+    ("denied", 1.0),
+];
+
+fn failure(seed: u64, mutation: Option<Mutation>, report: &Report) -> String {
+    let traced = run(Options {
+        seed,
+        mutation,
+        trace: true,
+    });
+    let tail: Vec<&String> = traced.trace.iter().rev().take(120).collect();
+    let tail: Vec<&str> = tail.into_iter().rev().map(String::as_str).collect();
+    format!(
+        "seed {seed} failed: {}\n--- the last {} steps of its trace ---\n{}\n--- replay: LAZYQUOTA_SIM_SEED={seed} cargo test -p lazyquota-index --test sim replay -- --nocapture",
+        report.violation.as_deref().unwrap_or("?"),
+        tail.len(),
+        tail.join("\n")
+    )
+}
+
+fn run_range(seeds: std::ops::Range<u64>) -> BTreeMap<&'static str, u64> {
+    let mut fired: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut steps = 0;
+    let count = seeds.end - seeds.start;
+    for seed in seeds {
+        let report = run(Options {
+            seed,
+            mutation: None,
+            trace: false,
+        });
+        assert!(report.violation.is_none(), "{}", failure(seed, None, &report));
+        assert!(
+            report.steps >= MIN_STEPS,
+            "seed {seed} ran {} steps",
+            report.steps
+        );
+        steps += report.steps;
+        for (kind, n) in report.fired {
+            *fired.entry(kind).or_default() += n;
+        }
+    }
+    println!("{count} seeds, {steps} steps; faults fired: {fired:?}");
+    for (kind, floor) in FLOORS {
+        let n = fired.get(kind).copied().unwrap_or(0);
+        #[allow(clippy::cast_precision_loss)]
+        let per_seed = n as f64 / count as f64;
+        assert!(
+            per_seed >= floor,
+            "fault {kind} fired {n} times in {count} seeds, below the floor of {floor} per seed"
+        );
+    }
+    fired
+}
+
+macro_rules! parts {
+    ($($name:ident = $part:expr),*) => {$(
+        #[test]
+        fn $name() {
+            let per = CI_SEEDS / PARTS;
+            run_range($part * per..($part + 1) * per);
+        }
+    )*};
+}
+
+parts!(
+    seeds_part_0 = 0,
+    seeds_part_1 = 1,
+    seeds_part_2 = 2,
+    seeds_part_3 = 3,
+    seeds_part_4 = 4,
+    seeds_part_5 = 5,
+    seeds_part_6 = 6,
+    seeds_part_7 = 7
+);
+
+/// One seed with its whole trace (`LAZYQUOTA_SIM_SEED`; seed 0 without it).
+#[test]
+fn replay() {
+    let seed = std::env::var("LAZYQUOTA_SIM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let report = run(Options {
+        seed,
+        mutation: None,
+        trace: true,
+    });
+    for line in &report.trace {
+        println!("{line}");
+    }
+    println!("seed {seed}: {} steps, faults {:?}", report.steps, report.fired);
+    assert!(
+        report.violation.is_none(),
+        "seed {seed}: {}",
+        report.violation.unwrap_or_default()
+    );
+}
+
+/// The same seed runs the same way twice.
+#[test]
+fn a_seed_replays_the_same_run() {
+    for seed in [3, 77, 1_001] {
+        let a = run(Options {
+            seed,
+            mutation: None,
+            trace: true,
+        });
+        let b = run(Options {
+            seed,
+            mutation: None,
+            trace: true,
+        });
+        assert_eq!(a.steps, b.steps, "seed {seed}");
+        assert_eq!(a.trace, b.trace, "seed {seed}");
+    }
+}
+
+/// Many more seeds than CI runs (`LAZYQUOTA_SIM_SEEDS`, default 200,000, after the CI range).
+#[test]
+#[ignore = "a soak: run it on purpose"]
+fn soak() {
+    let n: u64 = std::env::var("LAZYQUOTA_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200_000);
+    run_range(CI_SEEDS..CI_SEEDS + n);
+}
+
+/// Runs the first 1,000 seeds of the CI range with `mutation`; returns the first failure.
+fn first_failure(mutation: Mutation) -> Option<(u64, String)> {
+    (0..1_000).find_map(|seed| {
+        let report = run(Options {
+            seed,
+            mutation: Some(mutation),
+            trace: false,
+        });
+        report.violation.map(|v| (seed, v))
+    })
+}
+
+fn expect_caught(mutation: Mutation, invariant: &str) {
+    let Some((seed, violation)) = first_failure(mutation) else {
+        panic!("{mutation:?} put back: no seed of the first 1,000 failed — the simulator lost its teeth");
+    };
+    println!("{mutation:?}: seed {seed} fails: {violation}");
+    assert!(
+        violation.starts_with(invariant),
+        "{mutation:?}: seed {seed} failed on another invariant than {invariant}: {violation}"
+    );
+}
+
+#[test]
+fn mutation_1_a_failed_watch_still_counting_is_caught() {
+    expect_caught(Mutation::StaleCounts, "safety");
+}
+
+#[test]
+fn mutation_4_an_unclaimed_key_agreeing_in_shadow_mode_is_caught() {
+    expect_caught(Mutation::UnclaimedAgrees, "shadow");
+}
+
+#[test]
+fn mutation_5_no_hold_for_charges_in_flight_is_caught() {
+    expect_caught(Mutation::NoChargeHold, "safety");
+}
+
+#[test]
+fn mutation_writing_before_the_watches_caught_up_is_caught() {
+    expect_caught(Mutation::NoCatchUp, "safety");
+}
+
+#[test]
+fn mutation_6_the_old_write_policy_is_caught() {
+    expect_caught(Mutation::OldWritePolicy, "liveness");
+}

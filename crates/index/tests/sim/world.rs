@@ -1,0 +1,513 @@
+//! One seeded run: the real Reconciler against the model apiserver, every delay and fault
+//! drawn from the seed, invariants checked after every step.
+//!
+//! Time is simulated (milliseconds from the run's origin): the run jumps from one scheduled
+//! event — a watch item, an answer, a tenant's request, a fault — or the reconciler's next
+//! wakeup to the next. Watches deliver in order per watch, at independent speeds across
+//! watches.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::{Duration, Instant},
+};
+
+use lazyquota_index::{
+    engine::Projected,
+    keys::{ClusterName, GroupResource, Need, ObjectIds},
+    mutation::{self, Mutation},
+    planner::Mode,
+    reconciler::{Discovered, Effect, Failure, Input, Now, QuotaEvent, Reconciler, Settings, StatusWrite},
+    resolver::ServedResource,
+    watches::{Item, ObjectEvent},
+};
+use lazyquota_quota::{FeatureGates, Interner, PodProjection, Time};
+
+use crate::model::{Obj, Res, Server, milli};
+
+mod checks;
+mod server;
+mod tenants;
+mod trace;
+mod watches;
+
+use trace::{describe, describe_effect, describe_input, describe_quota};
+
+/// What a run is given.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    pub seed: u64,
+    pub mutation: Option<Mutation>,
+    pub trace: bool,
+}
+
+/// What a run found.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub steps: u64,
+    pub fired: BTreeMap<&'static str, u64>,
+    pub violation: Option<String>,
+    pub trace: Vec<String>,
+}
+
+/// splitmix64: a few lines, no crate.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// In `lo..=hi`.
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+    fn percent(&mut self, p: u64) -> bool {
+        self.next() % 100 < p
+    }
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> Option<&'a T> {
+        if items.is_empty() {
+            None
+        } else {
+            items.get(usize::try_from(self.next() % items.len() as u64).unwrap())
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Ev {
+    Tenant,
+    Store(Obj),
+    Item {
+        id: u64,
+        generation: u64,
+        item: Item,
+    },
+    Quota {
+        generation: u64,
+        event: QuotaEvent,
+    },
+    Answer(Input),
+    ServerWrite {
+        write: StatusWrite,
+        fault: WriteFault,
+    },
+    ServeList {
+        id: u64,
+        generation: u64,
+    },
+    ServeFill {
+        input: Input,
+    },
+    Resume {
+        id: u64,
+        generation: u64,
+        relist: bool,
+    },
+    Fault,
+    QuotaRelist,
+    /// Shadow mode: the model's KCM writes the namespace's quotas.
+    Kcm(String),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WriteFault {
+    None,
+    ServerError,
+    Hung { applied: bool },
+}
+
+/// The model side of one open watch.
+#[derive(Debug)]
+struct Watch {
+    generation: u64,
+    res: Res,
+    namespace: Option<String>,
+    need: Need,
+    live: bool,
+    delivered_rv: u64,
+    last_at: u64,
+}
+
+impl Watch {
+    fn sees(&self, obj: &Obj) -> bool {
+        obj.res == self.res && self.namespace.as_ref().is_none_or(|ns| *ns == obj.namespace)
+    }
+}
+
+const CLUSTER: &str = "default";
+/// A quota key no evaluator claims (shadow seeds only).
+pub const UNCLAIMED: &str = "example.com/widgets";
+const NAMESPACES: [&str; 3] = ["ns-0", "ns-1", "ns-2"];
+/// Steps of the phase with tenants and faults, at least.
+pub const MIN_STEPS: u64 = 300;
+/// After tenants and faults stop, every quota converges within this (two resyncs).
+const LIVENESS_MS: u64 = 120_000;
+const RESYNC: Duration = Duration::from_mins(1);
+
+pub struct World {
+    rng: Rng,
+    now: u64,
+    origin: Instant,
+    seq: u64,
+    queue: BTreeMap<(u64, u64), Ev>,
+    server: Server,
+    rec: Reconciler,
+    watches: BTreeMap<u64, Watch>,
+    next_generation: u64,
+    quota_generation: u64,
+    quota_last_at: u64,
+    forbidden_until: BTreeMap<Res, u64>,
+    /// The phase with tenants and faults ends at this time (and after [`MIN_STEPS`]).
+    main_until: u64,
+    main: bool,
+    threshold: usize,
+    /// Shadow mode: lazyquota never writes; the model's KCM does.
+    shadow: bool,
+    interner: Interner,
+    names: u64,
+    report: Report,
+}
+
+fn served(res: Res) -> ServedResource {
+    ServedResource {
+        resource: GroupResource::core(res.name()),
+        version: "v1".into(),
+        kind: if res == Res::Pods { "Pod" } else { "ConfigMap" }.into(),
+        namespaced: true,
+        verbs: ["create", "delete", "get", "list", "patch", "update", "watch"]
+            .map(String::from)
+            .to_vec(),
+    }
+}
+
+impl World {
+    pub fn new(options: Options) -> Self {
+        let mut rng = Rng(options.seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ 0x5EED);
+        let threshold = if rng.percent(40) { 1 } else { 8 };
+        let shadow = rng.percent(15);
+        let origin = Instant::now();
+        let settings = Settings {
+            cluster: ClusterName::new(CLUSTER),
+            mode: Mode::Lazy,
+            resync_period: RESYNC,
+            concurrency: 2,
+            namespace_watch_threshold: threshold,
+            shadow,
+            ..Settings::default()
+        };
+        let rec = Reconciler::new(settings, ObjectIds::new(std::hash::RandomState::new()), origin);
+        let main_until = rng.range(4_000, 10_000);
+        let mut world = Self {
+            rng,
+            now: 0,
+            origin,
+            seq: 0,
+            queue: BTreeMap::new(),
+            server: Server::default(),
+            rec,
+            watches: BTreeMap::new(),
+            next_generation: 0,
+            quota_generation: 0,
+            quota_last_at: 0,
+            forbidden_until: BTreeMap::new(),
+            main_until,
+            main: true,
+            threshold,
+            shadow,
+            interner: Interner::new(),
+            names: 0,
+            report: Report {
+                trace: Vec::new(),
+                ..Report::default()
+            },
+        };
+        for ns in NAMESPACES {
+            if world.rng.percent(80) {
+                let hard = world.random_hard();
+                world.server.put_quota(ns, "q", hard);
+            }
+        }
+        world.trace_line(|| format!("threshold {threshold}, tenants until {main_until} ms"));
+        if world.shadow {
+            for ns in NAMESPACES {
+                world.kcm_soon(ns);
+            }
+        }
+        world.schedule_quota_relist(1);
+        world.at(5, Ev::Tenant);
+        world.at(50, Ev::Fault);
+        world
+    }
+
+    fn random_hard(&mut self) -> BTreeMap<String, i64> {
+        let mut hard = BTreeMap::new();
+        if self.rng.percent(80) {
+            hard.insert(
+                "count/configmaps".into(),
+                1000 * self.rng.range(2, 8).cast_signed(),
+            );
+        }
+        if self.rng.percent(50) {
+            hard.insert("pods".into(), 1000 * self.rng.range(1, 4).cast_signed());
+        }
+        if self.rng.percent(40) {
+            hard.insert("requests.cpu".into(), 100 * self.rng.range(4, 15).cast_signed());
+        }
+        if hard.is_empty() {
+            hard.insert("count/configmaps".into(), 3000);
+        }
+        if self.shadow && self.rng.percent(50) {
+            // A key no evaluator claims: shadow mode must call it unknown, never agreeing.
+            hard.insert(UNCLAIMED.into(), 5000);
+        }
+        hard
+    }
+
+    fn fired(&mut self, kind: &'static str) {
+        *self.report.fired.entry(kind).or_default() += 1;
+        self.trace_line(|| format!("fault {kind}"));
+    }
+
+    fn trace_line(&mut self, line: impl FnOnce() -> String) {
+        if self.report.violation.is_none() && TRACE.with(std::cell::Cell::get) {
+            let line = format!("{:>7} ms  {}", self.now, line());
+            self.report.trace.push(line);
+        }
+    }
+
+    fn at(&mut self, delay: u64, ev: Ev) {
+        self.seq += 1;
+        self.queue.insert((self.now + delay, self.seq), ev);
+    }
+
+    fn now(&self) -> Now {
+        Now {
+            instant: self.origin + Duration::from_millis(self.now),
+            time: Time::from_unix_nanos(1_800_000_000_000_000_000 + i128::from(self.now) * 1_000_000),
+        }
+    }
+
+    fn violation(&mut self, message: String) {
+        if self.report.violation.is_none() {
+            self.report
+                .trace
+                .push(format!("{:>7} ms  VIOLATION {message}", self.now));
+            self.report.violation = Some(message);
+        }
+    }
+
+    /// Runs to the end: the phase with tenants and faults, then quiescence, then the final
+    /// checks.
+    pub fn run(mut self) -> Report {
+        let deadline = |w: &Self| w.main_until + LIVENESS_MS;
+        loop {
+            if self.report.violation.is_some() {
+                break;
+            }
+            if self.main && self.now >= self.main_until && self.report.steps >= MIN_STEPS {
+                self.end_main();
+            }
+            let wakeup = self
+                .rec
+                .next_wakeup(self.now().instant)
+                .map(|at| u64::try_from(at.saturating_duration_since(self.origin).as_millis()).unwrap());
+            let next_event = self.queue.keys().next().map(|(t, _)| *t);
+            let next = match (wakeup, next_event) {
+                (Some(w), Some(e)) => w.min(e),
+                (Some(w), None) => w,
+                (None, Some(e)) => e,
+                (None, None) => break,
+            };
+            if !self.main && next > deadline(&self) {
+                break;
+            }
+            self.now = self.now.max(next);
+            self.report.steps += 1;
+            if next_event == Some(next) && wakeup.is_none_or(|w| w >= next) {
+                let key = *self.queue.keys().next().unwrap();
+                let ev = self.queue.remove(&key).unwrap();
+                self.step(ev);
+            } else {
+                self.trace_line(|| "tick".into());
+                self.rec.tick(self.now());
+            }
+            self.carry_out();
+            if !self.main && self.now > deadline(&self) {
+                break;
+            }
+        }
+        if self.report.violation.is_none() {
+            self.final_checks();
+        }
+        self.report
+    }
+
+    fn end_main(&mut self) {
+        self.main = false;
+        self.trace_line(|| "tenants and faults stop".into());
+        let lifted: Vec<Res> = self.forbidden_until.keys().copied().collect();
+        for res in lifted {
+            self.forbidden_until.insert(res, self.now);
+        }
+    }
+
+    fn step(&mut self, ev: Ev) {
+        match ev {
+            Ev::Tenant => self.tenant(),
+            Ev::Store(mut obj) => {
+                self.trace_line(|| format!("stored {}/{}", obj.namespace, obj.name));
+                let rv = self.server.store(obj.clone());
+                obj.rv = rv;
+                self.object_changed(&obj, rv, false);
+                let ns = obj.namespace.clone();
+                self.kcm_soon(&ns);
+            }
+            Ev::Item { id, generation, item } => {
+                if self.watches.get(&id).is_some_and(|w| w.generation == generation) {
+                    self.trace_line(|| format!("watch {id} ← {}", describe(&item)));
+                    self.rec.handle(Input::Watch { id, item }, self.now());
+                }
+            }
+            Ev::Quota { generation, event } => {
+                if generation == self.quota_generation {
+                    self.trace_line(|| format!("quota watch ← {}", describe_quota(&event)));
+                    self.rec.handle(Input::Quota(event), self.now());
+                    let origin = self.origin;
+                    let wakeup = self
+                        .rec
+                        .next_wakeup(self.now().instant)
+                        .map(|w| w.saturating_duration_since(origin).as_millis());
+                    self.trace_line(|| format!("  next wakeup {wakeup:?}"));
+                }
+            }
+            Ev::Answer(input) => {
+                self.trace_line(|| format!("answer {}", describe_input(&input)));
+                self.rec.handle(input, self.now());
+            }
+            Ev::ServerWrite { write, fault } => self.server_write(write, fault),
+            Ev::ServeList { id, generation } => self.serve_list(id, generation),
+            Ev::ServeFill { input } => self.serve_fill(input),
+            Ev::Resume {
+                id,
+                generation,
+                relist,
+            } => self.resume(id, generation, relist),
+            Ev::Fault => self.fault(),
+            Ev::QuotaRelist => self.quota_relist(),
+            Ev::Kcm(ns) => self.kcm(&ns),
+        }
+    }
+
+    // ---- the reconciler's effects -----------------------------------------------------------
+
+    fn carry_out(&mut self) {
+        let effects = self.rec.take_effects();
+        if effects.len() > 10_000 {
+            self.violation(format!("bounds: {} effects from one step", effects.len()));
+        }
+        for effect in effects {
+            self.trace_line(|| format!("  → {}", describe_effect(&effect)));
+            match effect {
+                Effect::OpenWatch { id, key, .. } => {
+                    let Some(res) = Res::of(&key.resource.resource) else {
+                        self.violation(format!(
+                            "laziness: a watch of {} nobody demands",
+                            key.resource.resource
+                        ));
+                        continue;
+                    };
+                    self.next_generation += 1;
+                    let generation = self.next_generation;
+                    self.watches.insert(
+                        id,
+                        Watch {
+                            generation,
+                            res,
+                            namespace: key.namespace.clone(),
+                            need: key.need,
+                            live: false,
+                            delivered_rv: 0,
+                            last_at: self.now,
+                        },
+                    );
+                    let delay = self.rng.range(1, 30);
+                    self.at(delay, Ev::ServeList { id, generation });
+                }
+                Effect::CloseWatch { id } => {
+                    self.watches.remove(&id);
+                }
+                Effect::Fill { key, namespace, .. } => {
+                    let delay = self.rng.range(2, 40);
+                    let input = Input::Filled {
+                        key,
+                        namespace,
+                        listed: Ok(Vec::new()),
+                    };
+                    self.at(delay, Ev::ServeFill { input });
+                }
+                Effect::Discover(cluster) => {
+                    let result = if self.main && self.rng.percent(10) {
+                        self.fired("discovery_error");
+                        Err("discovery: 503".to_owned())
+                    } else {
+                        Ok(Discovered {
+                            served: vec![served(Res::ConfigMaps), served(Res::Pods)],
+                            failed_groups: Vec::new(),
+                        })
+                    };
+                    let delay = self.rng.range(2, 50);
+                    self.at(delay, Ev::Answer(Input::Discovered { cluster, result }));
+                }
+                Effect::WriteStatus(write) if self.shadow => {
+                    self.violation(format!("shadow: lazyquota wrote the status of {}", write.key));
+                }
+                Effect::WriteStatus(write) => {
+                    let fault = if !self.main {
+                        WriteFault::None
+                    } else if self.rng.percent(6) {
+                        WriteFault::ServerError
+                    } else if self.rng.percent(3) {
+                        let applied = self.rng.percent(50);
+                        WriteFault::Hung { applied }
+                    } else {
+                        WriteFault::None
+                    };
+                    let delay = self.rng.range(1, 20);
+                    self.at(delay, Ev::ServerWrite { write, fault });
+                }
+                Effect::ReadQuota(key) => {
+                    let result = self
+                        .server
+                        .quotas
+                        .get(&(key.namespace.to_string(), key.name.to_string()))
+                        .map(crate::model::Quota::to_k8s)
+                        .ok_or(Failure {
+                            code: Some(404),
+                            message: "not found".into(),
+                        });
+                    let delay = self.rng.range(1, 20);
+                    self.at(delay, Ev::Answer(Input::Read { key, result }));
+                }
+                Effect::Event { .. } | Effect::Demand { .. } | Effect::Disengaged(_) | Effect::Metric(_) => {}
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// Whether this thread's runs keep a trace (a replay, or a failing seed run again).
+    static TRACE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs one seed.
+pub fn run(options: Options) -> Report {
+    TRACE.with(|t| t.set(options.trace));
+    mutation::set(options.mutation);
+    let report = World::new(options).run();
+    mutation::set(None);
+    TRACE.with(|t| t.set(false));
+    report
+}

@@ -1,0 +1,211 @@
+//! The model apiserver's side of quotas: the quota watch, relists, and status writes with
+//! their precondition — where the safety invariant is checked.
+
+use super::*;
+
+impl World {
+    // ---- quotas -----------------------------------------------------------------------------
+
+    pub(super) fn quota_changed(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        deleted: Option<crate::model::Quota>,
+    ) {
+        let event = match deleted {
+            Some(q) => QuotaEvent::Deleted(q.to_k8s()),
+            None => {
+                QuotaEvent::Applied(self.server.quotas[&(namespace.to_owned(), name.to_owned())].to_k8s())
+            }
+        };
+        let lag = self.lag();
+        let at = self.quota_last_at.max(self.now + lag);
+        self.quota_last_at = at;
+        let generation = self.quota_generation;
+        self.at(at - self.now, Ev::Quota { generation, event });
+    }
+
+    pub(super) fn schedule_quota_relist(&mut self, delay: u64) {
+        self.at(delay, Ev::QuotaRelist);
+    }
+
+    pub(super) fn quota_relist(&mut self) {
+        let mut events = vec![QuotaEvent::RelistStarted];
+        events.extend(
+            self.server
+                .quotas
+                .values()
+                .map(|q| QuotaEvent::Relisted(q.to_k8s())),
+        );
+        events.push(QuotaEvent::RelistDone);
+        self.quota_last_at = self.quota_last_at.max(self.now);
+        for event in events {
+            let at = self.quota_last_at + self.rng.range(0, 2);
+            self.quota_last_at = at;
+            let generation = self.quota_generation;
+            self.at(at - self.now, Ev::Quota { generation, event });
+        }
+    }
+
+    #[allow(clippy::needless_pass_by_value)] // an event's payload, consumed by the answer
+    pub(super) fn server_write(&mut self, write: StatusWrite, fault: WriteFault) {
+        let key = write.key.clone();
+        let answer = |w: &mut Self, delay: u64, result| {
+            let input = Input::Written {
+                key: key.clone(),
+                precondition: write.precondition.clone(),
+                result,
+            };
+            w.at(delay, Ev::Answer(input));
+        };
+        if fault == WriteFault::ServerError {
+            self.fired("write_5xx");
+            let delay = self.rng.range(1, 5);
+            answer(
+                self,
+                delay,
+                Err(Failure {
+                    code: Some(500),
+                    message: "etcd timeout".into(),
+                }),
+            );
+            return;
+        }
+        if fault == (WriteFault::Hung { applied: false }) {
+            self.fired("write_hung");
+            answer(
+                self,
+                30_000,
+                Err(Failure {
+                    code: None,
+                    message: "deadline".into(),
+                }),
+            );
+            return;
+        }
+        let qkey = (key.namespace.to_string(), key.name.to_string());
+        let Some(q) = self.server.quotas.get(&qkey) else {
+            self.fired("write_404");
+            let delay = self.rng.range(1, 20);
+            answer(
+                self,
+                delay,
+                Err(Failure {
+                    code: Some(404),
+                    message: "not found".into(),
+                }),
+            );
+            return;
+        };
+        if write.precondition.as_deref() != Some(q.rv.to_string().as_str()) {
+            self.fired("write_409");
+            let delay = self.rng.range(1, 20);
+            answer(
+                self,
+                delay,
+                Err(Failure {
+                    code: Some(409),
+                    message: "conflict".into(),
+                }),
+            );
+            return;
+        }
+        // Safety: no key written below the objects that exist (and those charged in flight).
+        for (k, v) in &write.used {
+            let truth = self.server.truth_at(&key.namespace, &key.name, k, q.rv);
+            match milli(&v.0) {
+                Some(written) if written >= truth => {}
+                Some(written) => {
+                    let stored = q.used.as_ref().and_then(|u| u.get(k)).cloned();
+                    self.violation(format!(
+                        "safety: {}/{} written {k} = {} ({written} milli) below the truth {truth} milli (stored was {stored:?}, precondition {:?})",
+                        key.namespace, key.name, v.0, write.precondition
+                    ));
+                    return;
+                }
+                None => {
+                    self.violation(format!("safety: {k} written as {:?}, not a quantity", v.0));
+                    return;
+                }
+            }
+        }
+        let rv = self.server.bump();
+        let q = self.server.quotas.get_mut(&qkey).expect("looked up");
+        q.rv = rv;
+        q.status_hard = Some(write.hard.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect());
+        q.used = Some(write.used.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect());
+        let written = q.to_k8s();
+        self.quota_changed(&qkey.0, &qkey.1, None);
+        if let WriteFault::Hung { applied: true } = fault {
+            self.fired("write_hung");
+            answer(
+                self,
+                30_000,
+                Err(Failure {
+                    code: None,
+                    message: "deadline".into(),
+                }),
+            );
+        } else if self.main && self.rng.percent(8) {
+            // The response comes late (the client's connection is busy): events after the
+            // write, admission's charges among them, arrive before it.
+            self.fired("slow_response");
+            let delay = self.rng.range(50, 400);
+            answer(self, delay, Ok(written));
+        } else {
+            let delay = self.rng.range(1, 20);
+            answer(self, delay, Ok(written));
+        }
+    }
+
+    /// Shadow mode: the model's KCM recomputes the namespace's quotas a moment after a change.
+    pub(super) fn kcm_soon(&mut self, ns: &str) {
+        if self.shadow {
+            let delay = self.rng.range(20, 200);
+            self.at(delay, Ev::Kcm(ns.to_owned()));
+        }
+    }
+
+    /// The model's KCM: every quota of `ns` written with the true usage (a key no evaluator
+    /// claims keeps its value, or 0).
+    pub(super) fn kcm(&mut self, ns: &str) {
+        let keys: Vec<(String, String)> = self
+            .server
+            .quotas
+            .keys()
+            .filter(|(n, _)| n == ns)
+            .cloned()
+            .collect();
+        for key in keys {
+            let q = &self.server.quotas[&key];
+            let mut used = BTreeMap::new();
+            for k in q.hard.keys() {
+                let value = if k == UNCLAIMED {
+                    q.used
+                        .as_ref()
+                        .and_then(|u| u.get(k))
+                        .cloned()
+                        .unwrap_or_else(|| "0".into())
+                } else {
+                    crate::model::quantity_string(k, self.server.stored(ns, k))
+                };
+                used.insert(k.clone(), value);
+            }
+            let hard: BTreeMap<String, String> = q
+                .hard
+                .iter()
+                .map(|(k, v)| (k.clone(), crate::model::quantity_string(k, *v)))
+                .collect();
+            if q.used.as_ref() == Some(&used) && q.status_hard.as_ref() == Some(&hard) {
+                continue;
+            }
+            let rv = self.server.bump();
+            let q = self.server.quotas.get_mut(&key).expect("listed");
+            q.rv = rv;
+            q.used = Some(used);
+            q.status_hard = Some(hard);
+            self.trace_line(|| format!("kcm wrote {}/{}", key.0, key.1));
+            self.quota_changed(&key.0, &key.1, None);
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! Tenants creating and deleting objects and editing quotas, and the faults.
+
+use super::*;
+
+impl World {
+    // ---- tenants ----------------------------------------------------------------------------
+
+    pub(super) fn tenant(&mut self) {
+        if !self.main {
+            return;
+        }
+        let ns = (*self.rng.pick(&NAMESPACES).unwrap()).to_owned();
+        match self.rng.range(0, 99) {
+            0..40 => self.create(Res::ConfigMaps, &ns),
+            40..60 => self.delete_one(Res::ConfigMaps, &ns),
+            60..75 => self.create(Res::Pods, &ns),
+            75..87 => self.delete_one(Res::Pods, &ns),
+            87..92 => self.edit_quota(&ns),
+            92..95 => self.toggle_second_quota(&ns),
+            _ => {}
+        }
+        let next = self.rng.range(5, 120);
+        self.at(next, Ev::Tenant);
+    }
+
+    pub(super) fn create(&mut self, res: Res, ns: &str) {
+        self.names += 1;
+        let prefix = if res == Res::Pods { "pod" } else { "cm" };
+        let obj = Obj {
+            res,
+            namespace: ns.to_owned(),
+            name: format!("{prefix}-{}", self.names),
+            cpu_m: if res == Res::Pods {
+                100 * self.rng.range(1, 4).cast_signed()
+            } else {
+                0
+            },
+            rv: 0,
+            charged: Vec::new(),
+        };
+        let mut obj = obj;
+        match self.server.admit(&mut obj) {
+            Err(why) => {
+                *self.report.fired.entry("denied").or_default() += 1;
+                self.trace_line(|| format!("create {ns}/{} refused: {why}", obj.name));
+            }
+            Ok(charged) => {
+                self.trace_line(|| format!("create {ns}/{} admitted, charged {charged:?}", obj.name));
+                for (qns, name) in charged {
+                    self.quota_changed(&qns, &name, None);
+                }
+                let delay = self.rng.range(1, 40);
+                self.at(delay, Ev::Store(obj));
+            }
+        }
+    }
+
+    pub(super) fn delete_one(&mut self, res: Res, ns: &str) {
+        let names: Vec<String> = self
+            .server
+            .objects
+            .values()
+            .filter(|o| o.res == res && o.namespace == ns)
+            .map(|o| o.name.clone())
+            .collect();
+        let Some(name) = self.rng.pick(&names).cloned() else {
+            return;
+        };
+        if let Some((rv, obj)) = self.server.delete(res, ns, &name) {
+            self.trace_line(|| format!("deleted {ns}/{name}"));
+            self.object_changed(&obj, rv, true);
+            self.kcm_soon(ns);
+        }
+    }
+
+    /// A spec change: a key added or removed (the same value each time, so `hard` never
+    /// drops below what admission let in).
+    pub(super) fn edit_quota(&mut self, ns: &str) {
+        let key = (ns.to_owned(), "q".to_owned());
+        let Some(q) = self.server.quotas.get(&key) else {
+            let hard = self.random_hard();
+            self.server.put_quota(ns, "q", hard);
+            self.trace_line(|| format!("quota {ns}/q created"));
+            self.quota_changed(ns, "q", None);
+            self.kcm_soon(ns);
+            return;
+        };
+        let mut hard = q.hard.clone();
+        let k = *self.rng.pick(&["pods", "requests.cpu"]).unwrap();
+        if hard.remove(k).is_none() {
+            let now = self.server.stored(ns, k);
+            hard.insert(k.to_owned(), now.max(1000) + 2000);
+        }
+        if hard.is_empty() {
+            return;
+        }
+        self.trace_line(|| format!("quota {ns}/q now {hard:?}"));
+        self.server.put_quota(ns, "q", hard);
+        self.quota_changed(ns, "q", None);
+        self.kcm_soon(ns);
+    }
+
+    pub(super) fn toggle_second_quota(&mut self, ns: &str) {
+        let key = (ns.to_owned(), "q2".to_owned());
+        if let Some(q) = self.server.quotas.remove(&key) {
+            self.server.bump();
+            self.trace_line(|| format!("quota {ns}/q2 deleted"));
+            self.quota_changed(ns, "q2", Some(q));
+        } else {
+            let now = self.server.stored(ns, "count/configmaps");
+            let hard = BTreeMap::from([("count/configmaps".to_owned(), now + 3000)]);
+            self.server.put_quota(ns, "q2", hard);
+            self.trace_line(|| format!("quota {ns}/q2 created"));
+            self.quota_changed(ns, "q2", None);
+            self.kcm_soon(ns);
+        }
+    }
+
+    // ---- faults -----------------------------------------------------------------------------
+
+    pub(super) fn fault(&mut self) {
+        if !self.main {
+            return;
+        }
+        let live: Vec<u64> = self
+            .watches
+            .iter()
+            .filter(|(_, w)| w.live)
+            .map(|(id, _)| *id)
+            .collect();
+        match self.rng.range(0, 5) {
+            0 => {
+                if let Some(id) = self.rng.pick(&live).copied() {
+                    self.fired("watch_cut");
+                    self.fail(id, "cut", false);
+                }
+            }
+            1 => {
+                if let Some(id) = self.rng.pick(&live).copied() {
+                    self.fired("watch_gone");
+                    self.fail(id, "gone", true);
+                }
+            }
+            2 => {
+                let res = *self.rng.pick(&[Res::ConfigMaps, Res::Pods]).unwrap();
+                let until = self.now + self.rng.range(2_000, 12_000);
+                self.fired("forbidden");
+                self.forbidden_until.insert(res, until);
+                let ids: Vec<u64> = live
+                    .into_iter()
+                    .filter(|id| self.watches[id].res == res)
+                    .collect();
+                for id in ids {
+                    self.fail(id, "forbidden", true);
+                }
+            }
+            3 => {
+                self.fired("quota_relist");
+                // A 410 on the quota watch: what was not delivered yet is replaced by a relist.
+                self.quota_generation += 1;
+                self.quota_last_at = self.now;
+                let backoff = self.rng.range(50, 800);
+                self.schedule_quota_relist(backoff);
+            }
+            4 => {
+                self.fired("api_change");
+                self.rec.handle(Input::ApiChanged(None), self.now());
+            }
+            _ => {
+                let watched: Vec<u64> = self.watches.keys().copied().collect();
+                if let Some(id) = self.rng.pick(&watched).copied() {
+                    // A slow watch: its next items come late.
+                    self.fired("slow_watch");
+                    let w = self.watches.get_mut(&id).unwrap();
+                    w.last_at = w.last_at.max(self.now) + 150;
+                }
+            }
+        }
+        let next = self.rng.range(150, 1200);
+        self.at(next, Ev::Fault);
+    }
+}

@@ -1,0 +1,220 @@
+//! The model's watches: lists, items in order per watch at its own speed, cuts, resumes and
+//! relists, and the lists filling a namespace.
+
+use k8s_openapi::{
+    api::core::v1::{Container, Pod, PodSpec, PodStatus, ResourceRequirements},
+    apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::ObjectMeta},
+};
+
+use super::*;
+
+impl World {
+    pub(super) fn serve_fill(&mut self, input: Input) {
+        let Input::Filled { key, namespace, .. } = input else {
+            unreachable!("only fills are served here")
+        };
+        let listed = if self.main && self.rng.percent(10) {
+            self.fired("fill_error");
+            Err("list: 500".to_owned())
+        } else {
+            let res = Res::of(&key.resource.resource).expect("a watched resource");
+            let objects: Vec<Obj> = self
+                .server
+                .objects
+                .values()
+                .filter(|o| o.res == res && *o.namespace == *namespace)
+                .cloned()
+                .collect();
+            Ok(objects
+                .iter()
+                .map(|o| (o.name.clone(), self.project(o, key.need)))
+                .collect())
+        };
+        let delay = self.rng.range(1, 10);
+        self.at(
+            delay,
+            Ev::Answer(Input::Filled {
+                key,
+                namespace,
+                listed,
+            }),
+        );
+    }
+
+    pub(super) fn project(&self, obj: &Obj, need: Need) -> Projected {
+        if obj.res != Res::Pods || need == Need::Count {
+            return Projected::Meta;
+        }
+        let requests = BTreeMap::from([("cpu".to_owned(), Quantity(format!("{}m", obj.cpu_m)))]);
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some(obj.name.clone()),
+                namespace: Some(obj.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "c".into(),
+                    resources: Some(ResourceRequirements {
+                        requests: Some(requests),
+                        ..ResourceRequirements::default()
+                    }),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some("Running".into()),
+                ..PodStatus::default()
+            }),
+        };
+        Projected::Pod(PodProjection::from_pod(&pod, FeatureGates::default(), &self.interner).projection)
+    }
+
+    pub(super) fn event_of(&self, obj: &Obj, need: Need, revision: u64) -> ObjectEvent {
+        ObjectEvent {
+            namespace: obj.namespace.clone(),
+            name: obj.name.clone(),
+            object: self.project(obj, need),
+            revision: Some(revision),
+        }
+    }
+
+    // ---- watches ----------------------------------------------------------------------------
+
+    pub(super) fn lag(&mut self) -> u64 {
+        if self.rng.percent(10) {
+            self.rng.range(30, 150)
+        } else {
+            self.rng.range(0, 30)
+        }
+    }
+
+    pub(super) fn deliver(&mut self, id: u64, item: Item, lag: u64) {
+        let now = self.now;
+        let Some(w) = self.watches.get_mut(&id) else {
+            return;
+        };
+        let at = w.last_at.max(now + lag);
+        w.last_at = at;
+        let generation = w.generation;
+        self.at(at - now, Ev::Item { id, generation, item });
+    }
+
+    pub(super) fn forbidden(&self, res: Res) -> bool {
+        self.forbidden_until
+            .get(&res)
+            .is_some_and(|until| *until > self.now)
+    }
+
+    pub(super) fn serve_list(&mut self, id: u64, generation: u64) {
+        let Some(w) = self.watches.get(&id).filter(|w| w.generation == generation) else {
+            return;
+        };
+        let (res, need) = (w.res, w.need);
+        if self.forbidden(res) {
+            self.fail(id, "forbidden", true);
+            return;
+        }
+        let objects: Vec<Obj> = self
+            .server
+            .objects
+            .values()
+            .filter(|o| w.sees(o))
+            .cloned()
+            .collect();
+        self.deliver(id, Item::Init, 0);
+        for obj in &objects {
+            let event = self.event_of(obj, need, obj.rv);
+            let gap = self.rng.range(0, 3);
+            self.deliver(id, Item::InitApply(event), gap);
+        }
+        self.deliver(id, Item::InitDone, 0);
+        let rv = self.server.rv;
+        if let Some(w) = self.watches.get_mut(&id) {
+            w.live = true;
+            w.delivered_rv = rv;
+        }
+    }
+
+    /// The watch fails; kube's watcher retries after a backoff, resuming (or relisting).
+    pub(super) fn fail(&mut self, id: u64, reason: &'static str, relist: bool) {
+        self.deliver(id, Item::Failed(reason, format!("model: {reason}")), 0);
+        let Some(w) = self.watches.get_mut(&id) else {
+            return;
+        };
+        w.live = false;
+        let generation = w.generation;
+        let backoff = self.rng.range(200, 1500);
+        self.at(
+            backoff,
+            Ev::Resume {
+                id,
+                generation,
+                relist,
+            },
+        );
+    }
+
+    pub(super) fn resume(&mut self, id: u64, generation: u64, relist: bool) {
+        let Some(w) = self.watches.get(&id).filter(|w| w.generation == generation) else {
+            return;
+        };
+        if self.forbidden(w.res) {
+            self.fail(id, "forbidden", true);
+            return;
+        }
+        if relist {
+            self.serve_list(id, generation);
+            return;
+        }
+        let from = w.delivered_rv;
+        let need = w.need;
+        let missed: Vec<(u64, Obj, bool)> = self
+            .server
+            .log
+            .iter()
+            .filter(|(rv, _)| *rv > from)
+            .map(|(rv, crate::model::Change::Object { obj, deleted })| (*rv, obj.clone(), *deleted))
+            .filter(|(_, obj, _)| w.sees(obj))
+            .collect();
+        for (rv, obj, deleted) in missed {
+            let event = self.event_of(&obj, need, rv);
+            let item = if deleted {
+                Item::Delete(event)
+            } else {
+                Item::Apply(event)
+            };
+            let lag = self.lag();
+            self.deliver(id, item, lag);
+        }
+        let rv = self.server.rv;
+        if let Some(w) = self.watches.get_mut(&id) {
+            w.live = true;
+            w.delivered_rv = rv;
+        }
+    }
+
+    pub(super) fn object_changed(&mut self, obj: &Obj, rv: u64, deleted: bool) {
+        let ids: Vec<u64> = self
+            .watches
+            .iter()
+            .filter(|(_, w)| w.live && w.sees(obj))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            let need = self.watches[&id].need;
+            let event = self.event_of(obj, need, rv);
+            let item = if deleted {
+                Item::Delete(event)
+            } else {
+                Item::Apply(event)
+            };
+            let lag = self.lag();
+            self.deliver(id, item, lag);
+            if let Some(w) = self.watches.get_mut(&id) {
+                w.delivered_rv = rv;
+            }
+        }
+    }
+}
