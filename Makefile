@@ -26,6 +26,10 @@ node:
 test:
 	bash scripts/test.sh
 
+## The simulator beyond CI's 10,000 seeds: LAZYQUOTA_SIM_SEEDS more (default 200,000), release build.
+sim-soak:
+	LAZYQUOTA_SIM_SEEDS=$${LAZYQUOTA_SIM_SEEDS:-200000} cargo test --release -p lazyquota-index --test sim soak -- --ignored --nocapture
+
 ## The parity test against KCM of every release in tests/control-plane/kube/matrix/versions.env
 ## (builds the missing ones, ~15 min each on 2 cores, cached) and rewrites docs/parity.md's table.
 parity-matrix:

@@ -50,10 +50,13 @@ pub struct QuotaState {
     /// and so free, on a quota nobody charges; at most [`crate::lowering::MAX_CHARGES`].
     pub charges: Vec<crate::lowering::Charge>,
     /// The resourceVersion the quota is at and when (the caller's milliseconds) lazyquota saw
-    /// it first: until the watches feeding it have come that far, or
-    /// [`crate::lowering::SETTLE_MS`] have passed, no key of it is written lower or for the
-    /// first time ([`crate::lowering::hold_until_caught_up`]).
+    /// it first ([`crate::lowering::hold_until_caught_up`]).
     pub view: (u64, u64),
+    /// When (the caller's milliseconds) the quota was first seen or its `spec.hard` keys last
+    /// changed: for [`crate::lowering::SETTLE_MS`] after, objects admitted before a key
+    /// existed (uncharged) may still be on their way, so no key is written lower or for the
+    /// first time until the watches have caught up with the quota's version.
+    pub spec_ms: u64,
     /// Keys added to `spec.hard` since lazyquota last saw them there while `status.used`
     /// still has a value for them: nobody maintained that value meanwhile (admission charges
     /// only keys in `spec.hard`), so until lazyquota writes a computed value it is never
@@ -95,6 +98,7 @@ impl QuotaState {
             uid: quota.metadata.uid.clone(),
             charges: Vec::new(),
             view: (0, 0),
+            spec_ms: 0,
             fresh: Vec::new(),
         };
         (policy, state)
@@ -105,6 +109,7 @@ impl QuotaState {
     fn carry_from(&mut self, old: &QuotaState) {
         self.charges.clone_from(&old.charges);
         self.view = old.view;
+        self.spec_ms = old.spec_ms;
         let used = self.status_used.as_ref();
         let before = &old.spec.hard_keys;
         let mut fresh: Vec<String> = old
@@ -383,6 +388,7 @@ impl Engine {
         let kcp = self.kcp;
         let mut raised = Vec::new();
         let mut moved = Vec::new();
+        let mut respecified = Vec::new();
         let entries: Vec<_> = quotas
             .into_iter()
             .map(|(key, quota)| {
@@ -390,6 +396,9 @@ impl Engine {
                 let old = self.index.get(&key).map(|e| &e.payload);
                 if old.is_none_or(|old| old.resource_version != state.resource_version) {
                     moved.push(key.clone());
+                }
+                if old.is_none_or(|old| old.spec.hard_keys != state.spec.hard_keys) {
+                    respecified.push(key.clone());
                 }
                 if let Some(old) = old {
                     state.carry_from(old);
@@ -409,6 +418,7 @@ impl Engine {
             changes: self.index.reset(cluster, entries),
             raised,
             moved,
+            respecified,
         }
     }
 
@@ -418,6 +428,14 @@ impl Engine {
     pub fn note_charge(&mut self, key: &QuotaKey, raised: Vec<(String, Quantity)>, now_ms: u64) {
         if let Some(state) = self.index.payload_mut(key) {
             crate::lowering::note(&mut state.charges, raised, now_ms);
+        }
+    }
+
+    /// Notes that the quota was created, or its `spec.hard` keys changed, at `now_ms`: see
+    /// [`QuotaState::spec_ms`].
+    pub fn note_spec(&mut self, key: &QuotaKey, now_ms: u64) {
+        if let Some(state) = self.index.payload_mut(key) {
+            state.spec_ms = now_ms;
         }
     }
 
@@ -1025,6 +1043,8 @@ pub struct Reset {
     pub raised: Vec<(QuotaKey, Vec<(String, Quantity)>)>,
     /// Quotas new or at another resourceVersion than the view held.
     pub moved: Vec<QuotaKey>,
+    /// Quotas new or whose `spec.hard` keys changed.
+    pub respecified: Vec<QuotaKey>,
 }
 
 fn synced_len<P: HeapSize>(store: &UsageStore<P>, p: &PartitionKey) -> Option<usize> {

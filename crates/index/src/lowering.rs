@@ -180,14 +180,14 @@ pub fn drop_unmaintained(state: &QuotaState, uncomputed: &[String], decision: &m
     dropped
 }
 
-/// Until the watches a quota is computed from have caught up with its last change by someone
-/// else (`caught_up`: each delivered an object at or past that resourceVersion, or listed
-/// after it), a key is written neither lower than stored nor for the first time: an object
-/// stored before that change — uncharged if the key is new — may still be on its way.
+/// Until the watches a quota is computed from have caught up with its resourceVersion (each
+/// delivered an object at or past it, or listed after lazyquota saw it), a key is written
+/// neither lower than stored nor for the first time: an object stored before — uncharged if
+/// it was admitted before the key existed — may still be on its way. The caller applies this
+/// for [`SETTLE_MS`] after the quota was created or its keys changed.
 /// Keeps each such key at its stored value, or leaves a new one out (admission refuses
 /// what would charge it: closed, not open). Returns whether a key was held; clears `dirty`
-/// when nothing is left to write. The caller computes again once caught up, or
-/// [`SETTLE_MS`] after the change, whichever comes first.
+/// when nothing is left to write.
 pub fn hold_until_caught_up(state: &QuotaState, decision: &mut StatusDecision) -> bool {
     let stored = state.status_used.as_ref();
     let mut held = false;

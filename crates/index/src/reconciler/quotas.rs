@@ -164,6 +164,9 @@ impl Reconciler {
             for key in reset.moved {
                 self.engine.note_view(&key, at);
             }
+            for key in reset.respecified {
+                self.engine.note_spec(&key, at);
+            }
         }
         for (key, entry) in self.engine.index.quotas() {
             for problem in &entry.payload.spec.problems {
@@ -209,6 +212,11 @@ impl Reconciler {
             // A change (our own write's echo is recorded already).
             let at = self.ms(now.instant);
             self.engine.note_view(&key, at);
+        }
+        if update.recompute {
+            // New, or its spec changed: objects admitted before a key existed may be on their way.
+            let at = self.ms(now.instant);
+            self.engine.note_spec(&key, at);
         }
         for problem in &update.problems {
             warn!(quota = %key, %problem, "quota spec problem; other keys and quotas are unaffected");

@@ -178,9 +178,11 @@ impl Reconciler {
         lowering::hold_lowering(state, &charges, decision, now_ms)
     }
 
-    /// Holds back keys written lower or for the first time while a watch the quota is
-    /// computed from has not come as far as the quota's last change by someone else
-    /// ([`lowering::hold_until_caught_up`]); returns when to compute again.
+    /// For [`lowering::SETTLE_MS`] after a quota is created or its keys change, holds back
+    /// keys written lower or for the first time while a watch the quota is computed from has
+    /// not come as far as the quota's resourceVersion ([`lowering::hold_until_caught_up`]):
+    /// an object admitted before a key existed is not charged to it, so only the watch can
+    /// tell of it. Returns when to compute again.
     fn hold_until_caught_up(
         &self,
         key: &QuotaKey,
@@ -191,12 +193,15 @@ impl Reconciler {
             return None;
         }
         let entry = self.engine.index.get(key)?;
-        let (rv, at_ms) = entry.payload.view;
-        let changed = self.epoch + std::time::Duration::from_millis(at_ms);
-        let settled = changed + std::time::Duration::from_millis(lowering::SETTLE_MS);
+        let settled =
+            self.epoch + std::time::Duration::from_millis(entry.payload.spec_ms + lowering::SETTLE_MS);
         if now.instant >= settled {
+            // Every object stored since has been charged to the quota, so the charges
+            // (`hold_lowering`) cover what the watches have not delivered yet.
             return None;
         }
+        let (rv, at_ms) = entry.payload.view;
+        let changed = self.epoch + std::time::Duration::from_millis(at_ms);
         let resources: Vec<GroupResource> = entry.demands().keys().cloned().collect();
         let all = &**entry.demand_namespace() == crate::keys::ALL_NAMESPACES;
         let caught_up = self

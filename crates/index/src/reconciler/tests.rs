@@ -1,1 +1,435 @@
+//! The reconciler's decisions one by one: what it writes and when, what a write's answer
+//! leads to, shadow verdicts. Many seeds of everything at once: `crates/index/tests/sim`.
 
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::{
+    api::core::v1::{ResourceQuota, ResourceQuotaSpec, ResourceQuotaStatus},
+    apimachinery::pkg::{api::resource::Quantity as K8sQuantity, apis::meta::v1::ObjectMeta},
+};
+use lazyquota_quota::Time;
+
+use super::*;
+use crate::{
+    engine::Projected,
+    keys::{Need, ObjectIds},
+    watches::{Item, ObjectEvent},
+};
+
+const CM: &str = "count/configmaps";
+
+struct Harness {
+    rec: Reconciler,
+    origin: Instant,
+    ms: u64,
+}
+
+fn list(pairs: &[(&str, &str)]) -> BTreeMap<String, K8sQuantity> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), K8sQuantity((*v).to_owned())))
+        .collect()
+}
+
+fn quota(rv: u64, hard: &[(&str, &str)], used: Option<&[(&str, &str)]>) -> ResourceQuota {
+    ResourceQuota {
+        metadata: ObjectMeta {
+            name: Some("q".into()),
+            namespace: Some("ns".into()),
+            uid: Some("uid-q".into()),
+            resource_version: Some(rv.to_string()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ResourceQuotaSpec {
+            hard: Some(list(hard)),
+            ..ResourceQuotaSpec::default()
+        }),
+        status: used.map(|used| ResourceQuotaStatus {
+            hard: Some(list(hard)),
+            used: Some(list(used)),
+        }),
+    }
+}
+
+fn configmap(name: &str, revision: u64) -> ObjectEvent {
+    ObjectEvent {
+        namespace: "ns".into(),
+        name: name.into(),
+        object: Projected::Meta,
+        revision: Some(revision),
+    }
+}
+
+fn key() -> QuotaKey {
+    QuotaKey::new(&ClusterName::new("c"), "ns", "q")
+}
+
+impl Harness {
+    fn new(shadow: bool) -> Self {
+        let origin = Instant::now();
+        let settings = Settings {
+            cluster: ClusterName::new("c"),
+            shadow,
+            resync_period: Duration::ZERO,
+            ..Settings::default()
+        };
+        Self {
+            rec: Reconciler::new(settings, ObjectIds::new(std::hash::RandomState::new()), origin),
+            origin,
+            ms: 0,
+        }
+    }
+
+    fn now(&self) -> Now {
+        Now {
+            instant: self.origin + Duration::from_millis(self.ms),
+            time: Time::from_unix_nanos(1_800_000_000_000_000_000),
+        }
+    }
+
+    fn feed(&mut self, input: Input) -> Vec<Effect> {
+        self.rec.handle(input, self.now());
+        self.rec.take_effects()
+    }
+
+    /// Moves time on by `ms` and ticks.
+    fn tick(&mut self, ms: u64) -> Vec<Effect> {
+        self.ms += ms;
+        self.rec.tick(self.now());
+        self.rec.take_effects()
+    }
+
+    /// The quota listed, discovery answered (configmaps served), the configmap watch synced
+    /// with `objects`: returns the effects of the first sync (its status write).
+    fn ready(&mut self, q: ResourceQuota, objects: &[(&str, u64)]) -> Vec<Effect> {
+        let discover = self.tick(0);
+        assert!(
+            discover.contains(&Effect::Discover(ClusterName::new("c"))),
+            "{discover:?}"
+        );
+        self.feed(Input::Quota(QuotaEvent::RelistStarted));
+        self.feed(Input::Quota(QuotaEvent::Relisted(q)));
+        self.feed(Input::Quota(QuotaEvent::RelistDone));
+        assert!(
+            !self.tick(1).iter().any(|e| matches!(e, Effect::WriteStatus(_))),
+            "no write before the first discovery: admission would refuse every create"
+        );
+        let opened = self.feed(Input::Discovered {
+            cluster: ClusterName::new("c"),
+            result: Ok(Discovered {
+                served: vec![crate::resolver::ServedResource::core_for_tests("configmaps")],
+                failed_groups: Vec::new(),
+            }),
+        });
+        let id = opened
+            .iter()
+            .find_map(|e| match e {
+                Effect::OpenWatch { id, key, .. } if key.need == Need::Count => Some(*id),
+                _ => None,
+            })
+            .expect("the constrained type is watched");
+        self.feed(Input::Watch { id, item: Item::Init });
+        for (name, rv) in objects {
+            self.feed(Input::Watch {
+                id,
+                item: Item::InitApply(configmap(name, *rv)),
+            });
+        }
+        self.feed(Input::Watch {
+            id,
+            item: Item::InitDone,
+        });
+        self.tick(1)
+    }
+
+    fn watch_id(&self) -> u64 {
+        self.rec
+            .watches()
+            .iter()
+            .next()
+            .map(|(_, r)| r.id)
+            .expect("a watch")
+    }
+}
+
+fn writes(effects: &[Effect]) -> Vec<&StatusWrite> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::WriteStatus(w) => Some(w),
+            _ => None,
+        })
+        .collect()
+}
+
+fn written(w: &StatusWrite, rv: u64) -> ResourceQuota {
+    let mut q = quota(rv, &[(CM, "10")], None);
+    q.status = Some(ResourceQuotaStatus {
+        hard: Some(w.hard.clone()),
+        used: Some(w.used.clone()),
+    });
+    q
+}
+
+#[test]
+fn the_first_write_carries_the_count_and_the_quotas_version() {
+    let mut h = Harness::new(false);
+    let effects = h.ready(quota(5, &[(CM, "10")], None), &[("a", 2), ("b", 3)]);
+    let w = writes(&effects);
+    assert_eq!(w.len(), 1, "{effects:?}");
+    assert_eq!(w[0].precondition.as_deref(), Some("5"));
+    assert_eq!(w[0].used, list(&[(CM, "2")]));
+    assert!(w[0].lowers.is_empty());
+}
+
+#[test]
+fn a_conflict_with_nothing_newer_reads_the_quota_afresh() {
+    let mut h = Harness::new(false);
+    let effects = h.ready(quota(5, &[(CM, "10")], None), &[("a", 2)]);
+    assert_eq!(writes(&effects).len(), 1);
+    let conflict = Failure {
+        code: Some(409),
+        message: "conflict".into(),
+    };
+    let after = h.feed(Input::Written {
+        key: key(),
+        precondition: Some("5".into()),
+        result: Err(conflict.clone()),
+    });
+    assert!(after.contains(&Effect::ReadQuota(key())), "{after:?}");
+
+    // The watch brings a newer version first: no read, computed again from it at once.
+    let effects = h.tick(1_000);
+    assert!(writes(&effects).is_empty(), "waits for the read: {effects:?}");
+    h.feed(Input::Read {
+        key: key(),
+        result: Ok(quota(9, &[(CM, "10")], Some(&[(CM, "0")]))),
+    });
+    let effects = h.tick(1);
+    let w = writes(&effects);
+    assert_eq!(w.len(), 1, "{effects:?}");
+    assert_eq!(
+        w[0].precondition.as_deref(),
+        Some("9"),
+        "written on the version read"
+    );
+    h.feed(Input::Quota(QuotaEvent::Applied(quota(
+        11,
+        &[(CM, "10")],
+        Some(&[(CM, "2")]),
+    ))));
+    let after = h.feed(Input::Written {
+        key: key(),
+        precondition: Some("9".into()),
+        result: Err(conflict),
+    });
+    assert!(!after.contains(&Effect::ReadQuota(key())), "{after:?}");
+}
+
+#[test]
+fn a_late_response_does_not_replace_a_newer_view() {
+    let mut h = Harness::new(false);
+    let effects = h.ready(quota(5, &[(CM, "10")], None), &[("a", 2)]);
+    let w = writes(&effects)[0].clone();
+    // Admission charges right after the write; its event comes before the write's response.
+    h.feed(Input::Quota(QuotaEvent::Applied(quota(
+        7,
+        &[(CM, "10")],
+        Some(&[(CM, "2")]),
+    ))));
+    h.feed(Input::Written {
+        key: key(),
+        precondition: Some("5".into()),
+        result: Ok(written(&w, 6)),
+    });
+    let state = &h.rec.engine().index.get(&key()).unwrap().payload;
+    assert_eq!(state.resource_version.as_deref(), Some("7"));
+    // And an event older than the view held is skipped.
+    h.feed(Input::Quota(QuotaEvent::Applied(written(&w, 6))));
+    let state = &h.rec.engine().index.get(&key()).unwrap().payload;
+    assert_eq!(state.resource_version.as_deref(), Some("7"));
+}
+
+#[test]
+fn not_found_is_not_retried_invalid_is_reported_and_retried_and_errors_back_off() {
+    let mut h = Harness::new(false);
+    h.ready(quota(5, &[(CM, "10")], None), &[]);
+    let gone = h.feed(Input::Written {
+        key: key(),
+        precondition: Some("5".into()),
+        result: Err(Failure {
+            code: Some(404),
+            message: "not found".into(),
+        }),
+    });
+    assert!(writes(&gone).is_empty());
+    assert!(
+        writes(&h.tick(60_000)).is_empty(),
+        "a deleted quota is not written again"
+    );
+
+    let mut h = Harness::new(false);
+    h.ready(quota(5, &[(CM, "10")], None), &[]);
+    let invalid = h.feed(Input::Written {
+        key: key(),
+        precondition: Some("5".into()),
+        result: Err(Failure {
+            code: Some(422),
+            message: "bad key".into(),
+        }),
+    });
+    assert!(invalid.iter().any(|e| matches!(
+        e,
+        Effect::Event {
+            reason: "StatusRejected",
+            warning: true,
+            ..
+        }
+    )));
+    assert_eq!(writes(&h.tick(1_000)).len(), 1, "retried after its backoff");
+
+    let mut h = Harness::new(false);
+    h.ready(quota(5, &[(CM, "10")], None), &[]);
+    h.feed(Input::Written {
+        key: key(),
+        precondition: Some("5".into()),
+        result: Err(Failure {
+            code: Some(500),
+            message: "etcd".into(),
+        }),
+    });
+    assert!(writes(&h.tick(0)).is_empty(), "not at once");
+    let next = h.rec.next_wakeup(h.now().instant).expect("a retry");
+    assert!(next > h.now().instant);
+    assert_eq!(writes(&h.tick(1_000)).len(), 1);
+}
+
+#[test]
+fn a_key_is_not_lowered_before_the_watch_has_caught_up_with_the_quota() {
+    let mut h = Harness::new(false);
+    let effects = h.ready(quota(5, &[(CM, "10")], None), &[("a", 2), ("b", 3)]);
+    let w = writes(&effects)[0].clone();
+    h.feed(Input::Written {
+        key: key(),
+        precondition: Some("5".into()),
+        result: Ok(written(&w, 20)),
+    });
+    let id = h.watch_id();
+    // A delete the watch delivers late (rv 4 < 20): the caches may still lack objects stored
+    // up to 20, so the key is not written lower yet...
+    h.feed(Input::Watch {
+        id,
+        item: Item::Delete(configmap("b", 4)),
+    });
+    assert!(writes(&h.tick(1)).is_empty(), "held");
+    // ...until the watch has come past the quota's version.
+    h.feed(Input::Watch {
+        id,
+        item: Item::Apply(configmap("c", 21)),
+    });
+    h.feed(Input::Watch {
+        id,
+        item: Item::Delete(configmap("c", 22)),
+    });
+    let effects = h.tick(1);
+    let w = writes(&effects);
+    assert_eq!(w.len(), 1, "{effects:?}");
+    assert_eq!(w[0].used, list(&[(CM, "1")]));
+    assert_eq!(w[0].lowers, vec![CM.to_owned()]);
+}
+
+#[test]
+fn a_quiet_watch_lets_the_key_go_lower_once_settled() {
+    let mut h = Harness::new(false);
+    let effects = h.ready(quota(5, &[(CM, "10")], None), &[("a", 2), ("b", 3)]);
+    let w = writes(&effects)[0].clone();
+    h.feed(Input::Written {
+        key: key(),
+        precondition: Some("5".into()),
+        result: Ok(written(&w, 20)),
+    });
+    let id = h.watch_id();
+    h.feed(Input::Watch {
+        id,
+        item: Item::Delete(configmap("b", 4)),
+    });
+    assert!(writes(&h.tick(1)).is_empty(), "held");
+    let w = writes(&h.tick(crate::lowering::SETTLE_MS))
+        .into_iter()
+        .cloned()
+        .collect::<Vec<_>>();
+    assert_eq!(w.len(), 1);
+    assert_eq!(w[0].used, list(&[(CM, "1")]));
+}
+
+#[test]
+fn shadow_mode_never_writes_and_calls_a_key_nobody_claims_unknown() {
+    let mut h = Harness::new(true);
+    let hard = [(CM, "10"), ("example.com/widgets", "5")];
+    let effects = h.ready(
+        quota(5, &hard, Some(&[(CM, "1"), ("example.com/widgets", "3")])),
+        &[("a", 2)],
+    );
+    assert!(writes(&effects).is_empty(), "{effects:?}");
+    let books = h.rec.books();
+    let name = key().to_string();
+    assert_eq!(books.shadow_verdicts.get(&name), Some(&false));
+    assert!(
+        books
+            .shadow_unknown
+            .contains(&(name.clone(), "example.com/widgets".to_owned()))
+    );
+    assert!(books.disagreements.is_empty(), "{:?}", books.disagreements);
+
+    // Without the unclaimed key, the same counts agree.
+    let mut h = Harness::new(true);
+    h.ready(quota(5, &[(CM, "10")], Some(&[(CM, "1")])), &[("a", 2)]);
+    assert_eq!(h.rec.books().shadow_verdicts.get(&name), Some(&true));
+}
+
+#[test]
+fn a_hung_status_write_stops_counting_against_the_concurrency() {
+    let hung = Instant::now();
+    let fresh = hung + WRITE_STALL + Duration::from_secs(1);
+    let now = fresh + Duration::from_secs(1);
+    assert_eq!(busy_writes([fresh, fresh].into_iter(), now).0, 2);
+    let (busy, next) = busy_writes([hung, hung, hung, hung, hung, fresh].into_iter(), now);
+    assert_eq!(busy, 1, "five hung writes leave four of five slots free");
+    assert_eq!(
+        next,
+        Some(fresh + WRITE_STALL),
+        "the loop wakes when the fresh one stalls"
+    );
+    assert_eq!(busy_writes(std::iter::empty(), now), (0, None));
+}
+
+#[test]
+fn long_after_its_creation_a_quota_changed_by_someone_else_is_lowered_at_once() {
+    let mut h = Harness::new(false);
+    let effects = h.ready(quota(5, &[(CM, "10")], None), &[("a", 2), ("b", 3)]);
+    let w = writes(&effects)[0].clone();
+    h.feed(Input::Written {
+        key: key(),
+        precondition: Some("5".into()),
+        result: Ok(written(&w, 20)),
+    });
+    h.tick(crate::lowering::SETTLE_MS);
+    // Another writer (or an edit of a label) moves the version on; the watch is quiet.
+    h.feed(Input::Quota(QuotaEvent::Applied(written(&w, 30))));
+    let id = h.watch_id();
+    h.feed(Input::Watch {
+        id,
+        item: Item::Delete(configmap("b", 4)),
+    });
+    let effects = h.tick(1);
+    let w = writes(&effects);
+    assert_eq!(
+        w.len(),
+        1,
+        "not held: every object since the quota's keys were set was charged"
+    );
+    assert_eq!(w[0].used, list(&[(CM, "1")]));
+}
