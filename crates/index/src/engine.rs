@@ -52,10 +52,11 @@ pub struct QuotaState {
     /// The resourceVersion the quota is at and when (the caller's milliseconds) lazyquota saw
     /// it first ([`crate::lowering::hold_until_caught_up`]).
     pub view: (u64, u64),
-    /// When (the caller's milliseconds) the quota was first seen or its `spec.hard` keys last
-    /// changed: for [`crate::lowering::SETTLE_MS`] after, objects admitted before a key
-    /// existed (uncharged) may still be on their way, so no key is written lower or for the
-    /// first time until the watches have caught up with the quota's version.
+    /// When (the caller's milliseconds) the quota was first seen or its spec last changed
+    /// (`hard` keys or values, scopes): for [`crate::lowering::SETTLE_MS`] after, objects
+    /// admitted before a key existed, or outside the quota's old scope (uncharged), may still
+    /// be on their way, so no key is written lower or for the first time until the watches
+    /// have caught up with the quota's version.
     pub spec_ms: u64,
     /// Keys added to `spec.hard` since lazyquota last saw them there while `status.used`
     /// still has a value for them: nobody maintained that value meanwhile (admission charges
@@ -339,12 +340,15 @@ impl Engine {
         // was deleted meanwhile) would stand until the resync. Checking at once would instead
         // write a lower value whenever the charge arrives before the object (the usual order):
         // a window in which admission under-charges, and a write racing admission's own. Our
-        // own writes are recorded first and do not count as a change.
+        // own writes are usually recorded before their events arrive and then do not count as
+        // a change (an event ahead of its write's response counts: too high for a moment).
         let recheck = !recompute
             && self.index.get(&key).is_some_and(|old| {
                 !same_quantities(old.payload.status_used.as_ref(), state.status_used.as_ref())
             });
-        let raised = if recheck {
+        // Raises are charges even when the spec changed too (a fresh read after a conflict can
+        // jump over an edit and admission's charges at once).
+        let raised = if self.index.get(&key).is_some() {
             crate::lowering::raised(
                 self.index
                     .get(&key)
@@ -397,7 +401,11 @@ impl Engine {
                 if old.is_none_or(|old| old.resource_version != state.resource_version) {
                     moved.push(key.clone());
                 }
-                if old.is_none_or(|old| old.spec.hard_keys != state.spec.hard_keys) {
+                if old.is_none_or(|old| {
+                    old.spec.hard_keys != state.spec.hard_keys
+                        || !same_quantities(old.spec_hard.as_ref(), state.spec_hard.as_ref())
+                        || old.spec.scopes != state.spec.scopes
+                }) {
                     respecified.push(key.clone());
                 }
                 if let Some(old) = old {
@@ -431,7 +439,16 @@ impl Engine {
         }
     }
 
-    /// Notes that the quota was created, or its `spec.hard` keys changed, at `now_ms`: see
+    /// A status write of the quota succeeded with `used`: the keys in it are lazyquota's own
+    /// computation from then on, maintained by admission since ([`QuotaState::fresh`]), even
+    /// when the write's response comes after its own event.
+    pub fn written_keys(&mut self, key: &QuotaKey, used: Option<&BTreeMap<String, K8sQuantity>>) {
+        if let Some(state) = self.index.payload_mut(key) {
+            state.fresh.retain(|k| used.is_none_or(|u| !u.contains_key(k)));
+        }
+    }
+
+    /// Notes that the quota was created, or its spec changed, at `now_ms`: see
     /// [`QuotaState::spec_ms`].
     pub fn note_spec(&mut self, key: &QuotaKey, now_ms: u64) {
         if let Some(state) = self.index.payload_mut(key) {
@@ -1043,7 +1060,7 @@ pub struct Reset {
     pub raised: Vec<(QuotaKey, Vec<(String, Quantity)>)>,
     /// Quotas new or at another resourceVersion than the view held.
     pub moved: Vec<QuotaKey>,
-    /// Quotas new or whose `spec.hard` keys changed.
+    /// Quotas new or whose spec changed (`hard` keys or values, scopes).
     pub respecified: Vec<QuotaKey>,
 }
 

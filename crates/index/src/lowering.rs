@@ -135,7 +135,7 @@ pub fn hold_lowering(
         let mut floor = counted;
         let mut any_charge = false;
         for charge in &recent {
-            for (_, by) in charge.raised.iter().filter(|(k, _)| k == key) {
+            for (_, by) in charge.raised.iter().filter(|(k, _)| same_objects(k, key)) {
                 floor = floor.add(by);
                 any_charge = true;
                 held.until_ms = held.until_ms.max(charge.at_ms.saturating_add(SETTLE_MS));
@@ -193,7 +193,11 @@ pub fn hold_until_caught_up(state: &QuotaState, decision: &mut StatusDecision) -
     let mut held = false;
     let mut new = Vec::new();
     for (key, ours) in &mut decision.used {
-        match stored.and_then(|s| s.get(key)) {
+        // A key added back to `spec.hard` is new too: its stored value is nobody's.
+        match stored
+            .and_then(|s| s.get(key))
+            .filter(|_| !state.fresh.contains(key))
+        {
             None => new.push(key.clone()),
             Some(theirs) => match (Quantity::parse_k8s(ours), Quantity::parse_k8s(theirs)) {
                 (Ok(o), Ok(t)) if o < t => {
@@ -219,6 +223,28 @@ pub fn hold_until_caught_up(state: &QuotaState, decision: &mut StatusDecision) -
         ) || !same(&decision.used, stored.unwrap_or(&empty));
     }
     held
+}
+
+/// Whether two quota keys count the same objects by the same amount (`pods` and
+/// `count/pods`, `cpu` and `requests.cpu`): a charge of one, seen on a neighbouring quota,
+/// is a charge of the other.
+fn same_objects(a: &str, b: &str) -> bool {
+    fn canonical(key: &str) -> &str {
+        match key {
+            "cpu" => "requests.cpu",
+            "memory" => "requests.memory",
+            "ephemeral-storage" => "requests.ephemeral-storage",
+            "count/pods" => "pods",
+            "count/services" => "services",
+            "count/configmaps" => "configmaps",
+            "count/secrets" => "secrets",
+            "count/persistentvolumeclaims" => "persistentvolumeclaims",
+            "count/replicationcontrollers" => "replicationcontrollers",
+            "count/resourcequotas" => "resourcequotas",
+            other => other,
+        }
+    }
+    canonical(a) == canonical(b)
 }
 
 /// `assemble_status`'s reasons to write that are not `used`: `status.hard` differs from
@@ -382,5 +408,14 @@ mod tests {
         assert_eq!(total, MAX_CHARGES + 10, "every raise is still there");
         note(&mut charges, Vec::new(), 10_000);
         assert!(charges.is_empty(), "aged out");
+    }
+
+    #[test]
+    fn a_charge_counts_for_every_key_of_the_same_objects() {
+        assert!(same_objects("count/pods", "pods"));
+        assert!(same_objects("cpu", "requests.cpu"));
+        assert!(same_objects(CM, "configmaps"));
+        assert!(!same_objects("pods", "requests.cpu"));
+        assert!(!same_objects("limits.cpu", "requests.cpu"));
     }
 }

@@ -136,6 +136,7 @@ impl Reconciler {
     /// cluster; every quota is computed once (like upstream's first `enqueueAll`).
     fn quotas_listed(&mut self, now: Now) {
         let quotas = self.quota_relist.take().unwrap_or_default();
+        let before: Vec<QuotaKey> = self.engine.index.quotas().map(|(k, _)| k.clone()).collect();
         let mut by_cluster: BTreeMap<ClusterName, Vec<(QuotaKey, &ResourceQuota)>> = self
             .engine
             .index
@@ -171,6 +172,14 @@ impl Reconciler {
         for (key, entry) in self.engine.index.quotas() {
             for problem in &entry.payload.spec.problems {
                 warn!(quota = %key, %problem, "quota spec problem; other keys and quotas are unaffected");
+            }
+        }
+        for key in before {
+            if self.engine.index.get(&key).is_none() {
+                // Deleted while the watch was down: as `delete_quota` forgets it.
+                self.queue.remove(&key);
+                let name = key.to_string();
+                self.books.forget_quotas(|q| q == name);
             }
         }
         self.apply_demand(&changes, now);
@@ -232,14 +241,16 @@ impl Reconciler {
         {
             self.report_unavailable(&key.cluster);
         }
+        if !update.raised.is_empty() {
+            // Someone else raised status.used (admission charging creates): meanwhile no key
+            // of it is lowered below what is counted plus these (crate::lowering).
+            let at = self.ms(now.instant);
+            self.engine.note_charge(&key, update.raised, at);
+        }
         if update.recompute {
             self.queue.add(key, now.instant);
         } else if update.recheck {
-            // Someone else changed status.used: check it once the watches have caught up (a
-            // burst of admission charges makes one check); meanwhile no key of it is lowered
-            // (crate::lowering).
-            let at = self.ms(now.instant);
-            self.engine.note_charge(&key, update.raised, at);
+            // Check it once the watches have caught up (a burst of charges makes one check).
             self.queue.add_at(key, now.instant + STATUS_RECHECK_DELAY);
         }
     }

@@ -88,9 +88,11 @@ impl Reconciler {
             self.queue.done(&key);
             return;
         };
-        if self.first_list_pending(&key, &computed.unsynced, now) {
+        if let Some(grace_ends) = self.first_list_pending(&key, &computed.unsynced, now) {
             // Its list's end enqueues the quota again; writing now would only be overwritten.
+            // Unless the list outlasts its grace: then the quota is written without it.
             self.queue.done(&key);
+            self.queue.add_at(key, grace_ends);
             return;
         }
         for error in &computed.scope_errors {
@@ -167,15 +169,24 @@ impl Reconciler {
         if active(Mutation::NoChargeHold) {
             return None;
         }
-        let state = &self.engine.index.get(key)?.payload;
-        let charges: Vec<&lowering::Charge> = self
-            .engine
-            .index
-            .in_namespace(&key.cluster, &key.namespace)
+        let entry = self.engine.index.get(key)?;
+        // Its own charges, and its neighbours' in its namespace — and in the namespace it is
+        // computed over (a kcp cluster-scoped quota's is `*`: filed there, not in its own).
+        let mut quotas: Vec<&QuotaKey> = vec![key];
+        quotas.extend(self.engine.index.in_namespace(&key.cluster, &key.namespace));
+        quotas.extend(
+            self.engine
+                .index
+                .in_namespace(&key.cluster, entry.demand_namespace()),
+        );
+        quotas.sort_unstable();
+        quotas.dedup();
+        let charges: Vec<&lowering::Charge> = quotas
+            .into_iter()
             .filter_map(|k| self.engine.index.get(k))
             .flat_map(|e| &e.payload.charges)
             .collect();
-        lowering::hold_lowering(state, &charges, decision, now_ms)
+        lowering::hold_lowering(&entry.payload, &charges, decision, now_ms)
     }
 
     /// For [`lowering::SETTLE_MS`] after a quota is created or its keys change, holds back
@@ -217,12 +228,18 @@ impl Reconciler {
     /// Whether a resource the quota needs is still on its first list (not failing, opened less
     /// than [`FIRST_LIST_GRACE`] ago). Writing then would write a status that the list's end
     /// overwrites a moment later; upstream avoids that by waiting for all its informers.
-    fn first_list_pending(&self, key: &QuotaKey, unsynced: &[GroupResource], now: Now) -> bool {
-        self.watches.first_lists_pending(key, unsynced).any(|id| {
-            self.opened
-                .get(&id)
-                .is_some_and(|at| now.instant.saturating_duration_since(*at) < FIRST_LIST_GRACE)
-        })
+    /// Returns when the last such grace ends.
+    fn first_list_pending(
+        &self,
+        key: &QuotaKey,
+        unsynced: &[GroupResource],
+        now: Now,
+    ) -> Option<std::time::Instant> {
+        self.watches
+            .first_lists_pending(key, unsynced)
+            .filter_map(|id| self.opened.get(&id).map(|at| *at + FIRST_LIST_GRACE))
+            .filter(|ends| *ends > now.instant)
+            .max()
     }
 
     /// The seconds since the write of `key` started (its sync's duration, for the metric).
@@ -267,6 +284,8 @@ impl Reconciler {
                     precondition.map(str::to_owned)
                 };
                 self.engine.record_written(key, precondition.as_deref(), &written);
+                self.engine
+                    .written_keys(key, written.status.as_ref().and_then(|s| s.used.as_ref()));
                 if self
                     .engine
                     .index
