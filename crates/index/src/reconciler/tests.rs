@@ -155,6 +155,19 @@ impl Harness {
     }
 }
 
+/// Two ConfigMaps counted and written: the quota is at resourceVersion 20.
+fn written_at_20() -> (Harness, StatusWrite) {
+    let mut h = Harness::new(false);
+    let effects = h.ready(quota(5, &[(CM, "10")], None), &[("a", 2), ("b", 3)]);
+    let w = writes(&effects)[0].clone();
+    h.feed(Input::Written {
+        key: key(),
+        precondition: Some("5".into()),
+        result: Ok(written(&w, 20)),
+    });
+    (h, w)
+}
+
 fn writes(effects: &[Effect]) -> Vec<&StatusWrite> {
     effects
         .iter()
@@ -309,14 +322,7 @@ fn not_found_is_not_retried_invalid_is_reported_and_retried_and_errors_back_off(
 
 #[test]
 fn a_key_is_not_lowered_before_the_watch_has_caught_up_with_the_quota() {
-    let mut h = Harness::new(false);
-    let effects = h.ready(quota(5, &[(CM, "10")], None), &[("a", 2), ("b", 3)]);
-    let w = writes(&effects)[0].clone();
-    h.feed(Input::Written {
-        key: key(),
-        precondition: Some("5".into()),
-        result: Ok(written(&w, 20)),
-    });
+    let (mut h, _) = written_at_20();
     let id = h.watch_id();
     // A delete the watch delivers late (rv 4 < 20): the caches may still lack objects stored
     // up to 20, so the key is not written lower yet...
@@ -343,14 +349,7 @@ fn a_key_is_not_lowered_before_the_watch_has_caught_up_with_the_quota() {
 
 #[test]
 fn a_quiet_watch_lets_the_key_go_lower_once_settled() {
-    let mut h = Harness::new(false);
-    let effects = h.ready(quota(5, &[(CM, "10")], None), &[("a", 2), ("b", 3)]);
-    let w = writes(&effects)[0].clone();
-    h.feed(Input::Written {
-        key: key(),
-        precondition: Some("5".into()),
-        result: Ok(written(&w, 20)),
-    });
+    let (mut h, _) = written_at_20();
     let id = h.watch_id();
     h.feed(Input::Watch {
         id,
@@ -408,14 +407,7 @@ fn a_hung_status_write_stops_counting_against_the_concurrency() {
 
 #[test]
 fn long_after_its_creation_a_quota_changed_by_someone_else_is_lowered_at_once() {
-    let mut h = Harness::new(false);
-    let effects = h.ready(quota(5, &[(CM, "10")], None), &[("a", 2), ("b", 3)]);
-    let w = writes(&effects)[0].clone();
-    h.feed(Input::Written {
-        key: key(),
-        precondition: Some("5".into()),
-        result: Ok(written(&w, 20)),
-    });
+    let (mut h, w) = written_at_20();
     h.tick(crate::lowering::SETTLE_MS);
     // Another writer (or an edit of a label) moves the version on; the watch is quiet.
     h.feed(Input::Quota(QuotaEvent::Applied(written(&w, 30))));
