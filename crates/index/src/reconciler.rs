@@ -326,7 +326,7 @@ impl Reconciler {
         std::mem::take(&mut self.effects)
     }
 
-    /// Status writes in flight (for the executor's shutdown).
+    /// Status writes not answered yet (the executor's shutdown drains them).
     #[must_use]
     pub fn writes_in_flight(&self) -> usize {
         self.writing.len()
@@ -366,12 +366,6 @@ impl Reconciler {
     #[must_use]
     pub fn quotas_synced(&self) -> bool {
         self.quotas_synced
-    }
-
-    /// Whether the hub shares `resource` now.
-    #[must_use]
-    pub fn is_shared(&self, resource: &GroupResource) -> bool {
-        self.shared.contains(resource)
     }
 
     /// Of the writes in flight, how many still count against the concurrency at `now`, and

@@ -114,8 +114,6 @@ pub struct Controller {
     streams: SelectAll<BoxStream<'static, (u64, WatchItem)>>,
     /// Requests whose answers are inputs: discoveries, fills, status writes, fresh reads.
     answers: FuturesUnordered<Answer>,
-    /// Status writes in flight (for the shutdown's drain).
-    writes: usize,
     stats: Snapshot,
     metrics: Metrics,
     recorder: Recorder,
@@ -168,7 +166,6 @@ impl Controller {
             handles: HashMap::new(),
             streams: SelectAll::new(),
             answers: FuturesUnordered::new(),
-            writes: 0,
             stats: Snapshot::default(),
             metrics,
             requests,
@@ -240,12 +237,7 @@ impl Controller {
                 }
                 Some(set) = next_shared(shared_set.as_mut()) => self.feed(Input::SharedChanged(set)),
                 Some(changed) = api_changes.next() => self.feed(Input::ApiChanged(changed)),
-                Some(answer) = self.answers.next(), if !self.answers.is_empty() => {
-                    if matches!(answer, Input::Written { .. }) {
-                        self.writes -= 1;
-                    }
-                    self.feed(answer);
-                }
+                Some(answer) = self.answers.next(), if !self.answers.is_empty() => self.feed(answer),
                 () = sleep_until(wakeup), if wakeup.is_some() => {
                     let started = Instant::now();
                     self.reconciler.tick(at_now());
@@ -264,19 +256,18 @@ impl Controller {
         };
 
         info!(
-            in_flight = self.writes,
+            in_flight = self.reconciler.writes_in_flight(),
             "stopping watches, finishing status writes"
         );
         for (abort, _) in self.handles.values() {
             abort.abort();
         }
         let drain = async {
-            while self.writes > 0 {
+            while self.reconciler.writes_in_flight() > 0 {
                 let Some(answer) = self.answers.next().await else {
                     break;
                 };
                 if matches!(answer, Input::Written { .. }) {
-                    self.writes -= 1;
                     self.feed(answer);
                 }
             }
@@ -444,7 +435,6 @@ impl Controller {
             (),
         );
         let body = status_patch(&write);
-        self.writes += 1;
         self.answers.push(
             async move {
                 let result = api
