@@ -435,7 +435,8 @@ impl Engine {
     /// plus these ([`crate::lowering`]).
     pub fn note_charge(&mut self, key: &QuotaKey, raised: Vec<(String, Quantity)>, now_ms: u64) {
         if let Some(state) = self.index.payload_mut(key) {
-            crate::lowering::note(&mut state.charges, raised, now_ms);
+            let revision = state.resource_version.as_deref().and_then(|rv| rv.parse().ok());
+            crate::lowering::note(&mut state.charges, raised, revision, now_ms);
         }
     }
 
@@ -490,9 +491,41 @@ impl Engine {
     /// a newer one (admission charging right after the write), and a response arriving after
     /// those must not put the older view and precondition back: every later write would then
     /// conflict on a version that has passed.
-    pub fn record_written(&mut self, key: &QuotaKey, precondition: Option<&str>, written: &ResourceQuota) {
-        if let Some(state) = self.index.payload_mut(key)
-            && state.resource_version.as_deref() == precondition
+    ///
+    /// A response that comes after a newer version of the quota (its event skipped by a
+    /// relist, say) leaves the view as it is, and returns what that version raised above the
+    /// written `used`: charges made after the write, which the view's own history, jumping
+    /// from before the write to after it, may not show (note them with
+    /// [`Engine::note_charge`]).
+    pub fn record_written(
+        &mut self,
+        key: &QuotaKey,
+        precondition: Option<&str>,
+        written: &ResourceQuota,
+    ) -> Vec<(String, Quantity)> {
+        let Some(state) = self.index.payload_mut(key) else {
+            return Vec::new();
+        };
+        if state.resource_version.as_deref() != precondition {
+            let newer = match (
+                state.resource_version.as_deref().map(str::parse::<u64>),
+                written
+                    .metadata
+                    .resource_version
+                    .as_deref()
+                    .map(str::parse::<u64>),
+            ) {
+                (Some(Ok(view)), Some(Ok(ours))) => view > ours,
+                // Unreadable versions: the view is not the write's own; what it raises above
+                // the written value is taken as a charge (too high at worst).
+                (view, ours) => view.is_some() && view != ours,
+            };
+            if !newer || crate::mutation::active(crate::mutation::Mutation::NoChargeHold) {
+                return Vec::new();
+            }
+            let used = written.status.as_ref().and_then(|s| s.used.as_ref());
+            return crate::lowering::raised(used, state.status_used.as_ref());
+        }
         {
             let status = written.status.as_ref();
             state.status_hard = status.and_then(|s| s.hard.clone());
@@ -504,6 +537,7 @@ impl Engine {
                 .resource_version
                 .clone_from(&written.metadata.resource_version);
         }
+        Vec::new()
     }
 
     // ---- discovery -------------------------------------------------------------------------

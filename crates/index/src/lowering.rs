@@ -16,6 +16,13 @@
 //! object is still on its way is not lost. A key no recent charge touched is written as
 //! computed; raising is never held back. The quota is computed again when the last of its
 //! charges ages out ([`Held::until_ms`]).
+//!
+//! Capped at the stored value, that floor assumes the stored value holds every object
+//! counted; it does not when a write of lazyquota's was lost (a conflict with a tenant's edit)
+//! while it raised the key for an object admitted uncharged (before the quota or key existed).
+//! One order is certain, though: a charge at resourceVersion C is made before its object is
+//! stored, at some R > C; so while the watches feeding the key have delivered nothing past C,
+//! that object is not counted, and the charge is added **uncapped** ([`Charge::revision`]).
 
 use std::collections::BTreeMap;
 
@@ -38,6 +45,9 @@ pub const MAX_CHARGES: usize = 32;
 pub struct Charge {
     /// When it was seen, in the caller's monotonic milliseconds.
     pub at_ms: u64,
+    /// The quota's resourceVersion when it was seen: the charge was made at or before it, so
+    /// its object is stored after it (unknown: `None`, then never taken as certainly unseen).
+    pub revision: Option<u64>,
     /// The keys raised and by how much (unknown if a value did not parse).
     pub raised: Vec<(String, Quantity)>,
 }
@@ -75,19 +85,22 @@ pub fn raised(
         .collect()
 }
 
-/// Adds a charge seen at `now_ms` to `charges`, dropping those aged out and merging the
-/// oldest beyond [`MAX_CHARGES`].
-pub fn note(charges: &mut Vec<Charge>, raised: Vec<(String, Quantity)>, now_ms: u64) {
+/// Adds a charge seen at `now_ms` on the quota at `revision` to `charges`, dropping those
+/// aged out and merging the oldest beyond [`MAX_CHARGES`] (at the later revision: certainly
+/// unseen for longer, never less).
+pub fn note(charges: &mut Vec<Charge>, raised: Vec<(String, Quantity)>, revision: Option<u64>, now_ms: u64) {
     charges.retain(|c| c.at_ms.saturating_add(SETTLE_MS) > now_ms);
     if !raised.is_empty() {
         charges.push(Charge {
             at_ms: now_ms,
+            revision,
             raised,
         });
     }
     while charges.len() > MAX_CHARGES {
         let oldest = charges.remove(0);
         charges[0].raised.extend(oldest.raised);
+        charges[0].revision = charges[0].revision.max(oldest.revision);
     }
 }
 
@@ -95,13 +108,16 @@ pub fn note(charges: &mut Vec<Charge>, raised: Vec<(String, Quantity)>, now_ms: 
 /// younger than [`SETTLE_MS`] at `now_ms` — the charges seen on **any** quota of the quota's
 /// namespace (`charges`: they are charges for objects of that namespace, which this quota
 /// counts too, whether it was charged or created a moment later) — and no higher than the
-/// stored value, where there is one. A key with no stored value (a quota or key just added)
-/// is written at that floor, or left out (admission then refuses what would charge it:
-/// closed, not open) if a charge's amount is unknown. Clears `dirty` when nothing is left
-/// to write.
+/// stored value, where there is one, except for the charges made at or after `observed` (the
+/// highest resourceVersion the watches feeding the quota delivered): their objects are
+/// certainly not counted yet, so they are added whatever is stored. A key with no stored
+/// value (a quota or key just added) is written at the floor, or left out (admission then
+/// refuses what would charge it: closed, not open) if a charge's amount is unknown. Clears
+/// `dirty` when nothing is left to write.
 pub fn hold_lowering(
     state: &QuotaState,
     charges: &[&Charge],
+    observed: u64,
     decision: &mut StatusDecision,
     now_ms: u64,
 ) -> Option<Held> {
@@ -129,26 +145,39 @@ pub fn hold_lowering(
             Some(Err(_)) => continue,
             None => None,
         };
-        if stored_value.as_ref().is_some_and(|v| counted >= *v) {
-            continue;
-        }
-        let mut floor = counted;
-        let mut any_charge = false;
+        // Every recent charge (perhaps counted already) and those certainly not counted yet.
+        let (mut all, mut unseen) = (counted.clone(), counted.clone());
+        let mut until_ms = 0;
         for charge in &recent {
+            let certain = charge.revision.is_some_and(|r| r >= observed);
             for (_, by) in charge.raised.iter().filter(|(k, _)| same_objects(k, key)) {
-                floor = floor.add(by);
-                any_charge = true;
-                held.until_ms = held.until_ms.max(charge.at_ms.saturating_add(SETTLE_MS));
+                all = all.add(by);
+                if certain {
+                    unseen = unseen.add(by);
+                }
+                until_ms = until_ms.max(charge.at_ms.saturating_add(SETTLE_MS));
             }
         }
-        if !any_charge {
+        if until_ms == 0 {
             continue;
         }
-        match (theirs, stored_value) {
-            (Some(theirs), Some(v)) if floor.is_unknown() || floor >= v => *ours = theirs.clone(),
-            _ if floor.is_unknown() => unknown.push(key.clone()),
-            _ => *ours = floor.to_k8s(),
+        let floor = match &stored_value {
+            _ if unseen.is_unknown() => None,
+            Some(v) if !all.is_unknown() && all < *v => Some(std::cmp::max(unseen, all)),
+            Some(v) => Some(std::cmp::max(unseen, v.clone())),
+            None if all.is_unknown() => None,
+            None => Some(all),
+        };
+        match (floor, theirs) {
+            (Some(floor), _) if floor <= counted => continue,
+            (Some(floor), Some(theirs)) if stored_value.as_ref() == Some(&floor) => *ours = theirs.clone(),
+            (Some(floor), _) => *ours = floor.to_k8s(),
+            (None, Some(theirs)) if stored_value.as_ref().is_some_and(|v| *v > counted) => {
+                *ours = theirs.clone();
+            }
+            (None, _) => unknown.push(key.clone()),
         }
+        held.until_ms = held.until_ms.max(until_ms);
         held.keys.push(key.clone());
     }
     for key in unknown {
@@ -297,6 +326,7 @@ mod tests {
             note(
                 &mut state.charges,
                 vec![(CM.to_owned(), Quantity::from_count(*by))],
+                None,
                 *at_ms,
             );
         }
@@ -321,7 +351,7 @@ mod tests {
         // 24 counted; 3 charged at 10.0 s and 2 at 10.2 s (their objects may be on the way).
         let state = state(&[(CM, "30"), ("pods", "2")], &[(10_000, 3), (10_200, 2)]);
         let mut d = decision(&[(CM, "24"), ("pods", "2")]);
-        let held = hold_lowering(&state, &own(&state), &mut d, 10_300).expect("held");
+        let held = hold_lowering(&state, &own(&state), 0, &mut d, 10_300).expect("held");
         assert_eq!(held.keys, vec![CM.to_owned()]);
         assert_eq!(held.until_ms, 10_200 + SETTLE_MS);
         assert_eq!(d.used[CM].0, "29", "24 + 3 + 2");
@@ -329,13 +359,13 @@ mod tests {
 
         // The first charge aged out: 24 + 2.
         let mut d = decision(&[(CM, "24"), ("pods", "2")]);
-        hold_lowering(&state, &own(&state), &mut d, 10_000 + SETTLE_MS).expect("held");
+        hold_lowering(&state, &own(&state), 0, &mut d, 10_000 + SETTLE_MS).expect("held");
         assert_eq!(d.used[CM].0, "26");
 
         // Every charge aged out: as counted.
         let mut d = decision(&[(CM, "24"), ("pods", "2")]);
         assert_eq!(
-            hold_lowering(&state, &own(&state), &mut d, 10_200 + SETTLE_MS),
+            hold_lowering(&state, &own(&state), 0, &mut d, 10_200 + SETTLE_MS),
             None
         );
         assert_eq!(d.used[CM].0, "24");
@@ -345,7 +375,7 @@ mod tests {
     fn never_above_the_stored_value_and_nothing_written_when_it_stands() {
         let state = state(&[(CM, "30"), ("pods", "2")], &[(10_000, 8)]);
         let mut d = decision(&[(CM, "28"), ("pods", "2")]);
-        hold_lowering(&state, &own(&state), &mut d, 10_001).expect("held");
+        hold_lowering(&state, &own(&state), 0, &mut d, 10_001).expect("held");
         assert_eq!(d.used[CM].0, "30", "28 + 8 is past what admission charged");
         assert!(!d.dirty, "nothing else to write");
     }
@@ -354,19 +384,47 @@ mod tests {
     fn raising_and_keys_no_recent_charge_touched_are_written_as_computed() {
         let charged = state(&[(CM, "30"), ("pods", "5")], &[(10_000, 1)]);
         let mut d = decision(&[(CM, "31"), ("pods", "3")]);
-        assert_eq!(hold_lowering(&charged, &own(&charged), &mut d, 10_001), None);
+        assert_eq!(hold_lowering(&charged, &own(&charged), 0, &mut d, 10_001), None);
         assert_eq!((d.used[CM].0.as_str(), d.used["pods"].0.as_str()), ("31", "3"));
         let uncharged = state(&[(CM, "30"), ("pods", "2")], &[]);
         let mut d = decision(&[(CM, "1"), ("pods", "2")]);
-        assert_eq!(hold_lowering(&uncharged, &own(&uncharged), &mut d, 0), None);
+        assert_eq!(hold_lowering(&uncharged, &own(&uncharged), 0, &mut d, 0), None);
         assert_eq!(d.used[CM].0, "1");
+    }
+
+    #[test]
+    fn a_charge_no_watch_has_come_past_is_added_whatever_is_stored() {
+        // Counted 5, stored 5 (an uncharged object counted, a charge on a stale value): the
+        // charge at 85 is for an object stored after 85, and the watches delivered up to 80.
+        let mut state = state(&[(CM, "5"), ("pods", "2")], &[]);
+        note(
+            &mut state.charges,
+            vec![(CM.to_owned(), Quantity::from_count(1))],
+            Some(85),
+            1_000,
+        );
+        let mut d = decision(&[(CM, "5"), ("pods", "2")]);
+        let held = hold_lowering(&state, &own(&state), 80, &mut d, 1_001).expect("held");
+        assert_eq!(held.keys, vec![CM.to_owned()]);
+        assert_eq!(d.used[CM].0, "6");
+        assert!(d.dirty);
+        // Stored above that: counted plus charges, as before (the stored 7 may hold a delete).
+        let mut stored_7 = self::state(&[(CM, "7"), ("pods", "2")], &[]);
+        stored_7.charges.clone_from(&state.charges);
+        let mut d = decision(&[(CM, "5"), ("pods", "2")]);
+        hold_lowering(&stored_7, &own(&stored_7), 80, &mut d, 1_001).expect("held");
+        assert_eq!(d.used[CM].0, "6");
+        // A watch past 85 may have delivered it: capped at the stored value, as counted.
+        let mut d = decision(&[(CM, "5"), ("pods", "2")]);
+        assert_eq!(hold_lowering(&state, &own(&state), 86, &mut d, 1_001), None);
+        assert_eq!(d.used[CM].0, "5");
     }
 
     #[test]
     fn equal_values_in_other_forms_are_not_lower() {
         let state = state(&[(CM, "30"), ("pods", "2")], &[(5, 1)]);
         let mut d = decision(&[(CM, "30000m"), ("pods", "2")]);
-        assert_eq!(hold_lowering(&state, &own(&state), &mut d, 6), None);
+        assert_eq!(hold_lowering(&state, &own(&state), 0, &mut d, 6), None);
     }
 
     #[test]
@@ -387,9 +445,9 @@ mod tests {
 
         let mut state = state(&[(CM, "30"), ("pods", "2")], &[]);
         let odd = raised(None, Some(&list(&[(CM, "not-a-quantity")])));
-        note(&mut state.charges, odd, 100);
+        note(&mut state.charges, odd, None, 100);
         let mut d = decision(&[(CM, "2"), ("pods", "2")]);
-        hold_lowering(&state, &own(&state), &mut d, 101).expect("held");
+        hold_lowering(&state, &own(&state), 0, &mut d, 101).expect("held");
         assert_eq!(d.used[CM].0, "30");
     }
 
@@ -400,13 +458,14 @@ mod tests {
             note(
                 &mut charges,
                 vec![(CM.to_owned(), Quantity::from_count(1))],
+                Some(i),
                 1_000 + i,
             );
         }
         assert_eq!(charges.len(), MAX_CHARGES);
         let total: usize = charges.iter().map(|c| c.raised.len()).sum();
         assert_eq!(total, MAX_CHARGES + 10, "every raise is still there");
-        note(&mut charges, Vec::new(), 10_000);
+        note(&mut charges, Vec::new(), None, 10_000);
         assert!(charges.is_empty(), "aged out");
     }
 

@@ -68,6 +68,12 @@ pub const WRITE_STALL: Duration = Duration::from_secs(5);
 /// How long a quota's first write waits for a watch still on its first list.
 pub const FIRST_LIST_GRACE: Duration = Duration::from_secs(30);
 
+/// How long a key of `spec.hard` may stay uncomputed (its type not served, or not listed)
+/// before its quota gets a Warning Event: meanwhile admission refuses every create that would
+/// charge it if `status.used` lacks it. Longer than a first list, a CRD's establishing or an
+/// APIBinding's binding usually take.
+pub const UNRESOLVED_WARNING: Duration = Duration::from_secs(30);
+
 /// Discoveries run at once, at most (a kcp shard engaging many logical clusters at start).
 pub const MAX_DISCOVERIES: usize = 4;
 

@@ -8,7 +8,10 @@ use lazyquota_quota::StatusDecision;
 use tracing::{info, warn};
 
 use super::Reconciler;
-use crate::{engine::same_value, keys::QuotaKey};
+use crate::{
+    engine::same_value,
+    keys::{GroupResource, QuotaKey},
+};
 
 /// What is reported per quota beyond its status, keyed by the quota's `cluster|ns/name`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -22,6 +25,12 @@ pub struct Books {
     /// (quota, key) pairs whose usage is unknown (an object carries a quantity beyond what
     /// lazyquota holds): withheld from status.used, never written lower.
     pub withheld: BTreeSet<(String, String)>,
+    /// (quota, key) pairs not computed for [`super::UNRESOLVED_WARNING`] or longer (their
+    /// type not served, or not listed): the quota was told with a Warning Event.
+    pub unresolved: BTreeSet<(String, String)>,
+    /// (quota, key) pairs not computed at their quota's last computation, and since when (the
+    /// reconciler's milliseconds): they join `unresolved` once that is long enough ago.
+    pub uncomputed_since: BTreeMap<(String, String), u64>,
 }
 
 impl Books {
@@ -30,6 +39,8 @@ impl Books {
     pub fn forget_quotas(&mut self, forget: impl Fn(&str) -> bool) {
         self.disagreements.retain(|(q, _), _| !forget(q));
         self.withheld.retain(|(q, _)| !forget(q));
+        self.unresolved.retain(|(q, _)| !forget(q));
+        self.uncomputed_since.retain(|(q, _), _| !forget(q));
         self.shadow_unknown.retain(|(q, _)| !forget(q));
         self.shadow_verdicts.retain(|q, _| !forget(q));
     }
@@ -62,6 +73,102 @@ impl Reconciler {
             self.books.withheld.remove(&(quota.clone(), name.clone()));
             self.emit(key, false, "UsageKnown", format!("{name}: computed again"));
         }
+    }
+
+    /// Tells a quota of each key left uncomputed for [`super::UNRESOLVED_WARNING`] (log line
+    /// at info, Warning Event, `lazyquota_unresolved_keys`), saying why, and when one is
+    /// computed again; computes the quota again when the first such key comes due.
+    pub(super) fn report_unresolved(
+        &mut self,
+        key: &QuotaKey,
+        uncomputed: &[String],
+        unsynced: &[GroupResource],
+        now_ms: u64,
+    ) {
+        let quota = key.to_string();
+        let before: Vec<String> = self
+            .books
+            .uncomputed_since
+            .range((quota.clone(), String::new())..)
+            .take_while(|((q, _), _)| q == &quota)
+            .map(|((_, k), _)| k.clone())
+            .collect();
+        let in_spec = |name: &String| {
+            self.engine
+                .index
+                .get(key)
+                .is_some_and(|e| e.payload.spec.hard_keys.contains(name))
+        };
+        let resolved: Vec<(String, bool)> = before
+            .into_iter()
+            .filter(|k| !uncomputed.contains(k))
+            .map(|k| {
+                let computed = in_spec(&k);
+                (k, computed)
+            })
+            .collect();
+        for (name, computed) in resolved {
+            let pair = (quota.clone(), name.clone());
+            self.books.uncomputed_since.remove(&pair);
+            // A key taken out of spec.hard is not computed: nothing to tell.
+            if self.books.unresolved.remove(&pair) && computed {
+                info!(quota = %key, key = %name, "quota key computed again");
+                self.emit(key, false, "UsageComputed", format!("{name}: computed again"));
+            }
+        }
+        let mut due: Option<u64> = None;
+        for name in uncomputed {
+            let pair = (quota.clone(), name.clone());
+            let since = *self.books.uncomputed_since.entry(pair.clone()).or_insert(now_ms);
+            let at = since
+                .saturating_add(u64::try_from(super::UNRESOLVED_WARNING.as_millis()).unwrap_or(u64::MAX));
+            if self.books.unresolved.contains(&pair) {
+                continue;
+            }
+            if now_ms < at {
+                due = Some(due.map_or(at, |d| d.min(at)));
+                continue;
+            }
+            let why = self.why_uncomputed(key, unsynced);
+            let seconds = (now_ms - since) / 1000;
+            info!(quota = %key, key = %name, %why, seconds, "quota key not computed: admission refuses what would charge it while status.used lacks it");
+            let note = format!(
+                "{name}: not computed for {seconds} s ({why}); while status.used lacks it, quota admission refuses every request that would charge it"
+            );
+            self.emit(key, true, "UsageUnresolved", note);
+            self.books.unresolved.insert(pair);
+        }
+        if let Some(at) = due {
+            let at = self.epoch + std::time::Duration::from_millis(at);
+            self.queue.add_at(key.clone(), at);
+        }
+    }
+
+    /// Why a quota's keys are not computed: the types it names that discovery did not find
+    /// served, and those not listed (yet).
+    fn why_uncomputed(&self, key: &QuotaKey, unsynced: &[GroupResource]) -> String {
+        let Some(entry) = self.engine.index.get(key) else {
+            return "the quota is gone".to_owned();
+        };
+        let mut missing: Vec<String> = entry
+            .demands()
+            .keys()
+            .filter(|r| self.engine.resolver.get(&key.cluster, r).is_none())
+            .map(GroupResource::object_count_name)
+            .collect();
+        missing.sort();
+        let mut why = Vec::new();
+        if !missing.is_empty() {
+            why.push(format!("not served by the apiserver: {}", missing.join(", ")));
+        }
+        if !unsynced.is_empty() {
+            let names: Vec<String> = unsynced.iter().map(GroupResource::object_count_name).collect();
+            why.push(format!("not listed (yet, or failing): {}", names.join(", ")));
+        }
+        if why.is_empty() {
+            why.push("no evaluator computes it".to_owned());
+        }
+        why.join("; ")
     }
 
     /// Compares our `used` with the stored one, key by key over both; returns the sync

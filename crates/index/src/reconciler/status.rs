@@ -116,6 +116,7 @@ impl Reconciler {
             self.queue.add_at(key.clone(), settled);
         }
         self.report_withheld(&key, &decision.withheld);
+        self.report_unresolved(&key, &computed.uncomputed, &computed.unsynced, now_ms);
         if self.settings.shadow || !decision.dirty {
             let result = if self.settings.shadow {
                 let unknown: Vec<String> = computed
@@ -186,7 +187,17 @@ impl Reconciler {
             .filter_map(|k| self.engine.index.get(k))
             .flat_map(|e| &e.payload.charges)
             .collect();
-        lowering::hold_lowering(&entry.payload, &charges, decision, now_ms)
+        // What the watches it is computed from delivered: a charge at or past it is for an
+        // object not counted yet.
+        let resources: Vec<GroupResource> = entry.demands().keys().cloned().collect();
+        let all = &**entry.demand_namespace() == crate::keys::ALL_NAMESPACES;
+        let observed = self
+            .watches
+            .feeding(key, all, &resources)
+            .map(|w| w.observed)
+            .max()
+            .unwrap_or(0);
+        lowering::hold_lowering(&entry.payload, &charges, observed, decision, now_ms)
     }
 
     /// For [`lowering::SETTLE_MS`] after a quota is created or its keys change, holds back
@@ -283,7 +294,12 @@ impl Reconciler {
                 } else {
                     precondition.map(str::to_owned)
                 };
-                self.engine.record_written(key, precondition.as_deref(), &written);
+                let raised = self.engine.record_written(key, precondition.as_deref(), &written);
+                if !raised.is_empty() {
+                    // Charges made after the write, behind the newer version already held.
+                    let at = self.ms(now.instant);
+                    self.engine.note_charge(key, raised, at);
+                }
                 self.engine
                     .written_keys(key, written.status.as_ref().and_then(|s| s.used.as_ref()));
                 if self

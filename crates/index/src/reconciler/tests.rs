@@ -425,3 +425,243 @@ fn long_after_its_creation_a_quota_changed_by_someone_else_is_lowered_at_once() 
     );
     assert_eq!(w[0].used, list(&[(CM, "1")]));
 }
+
+#[test]
+fn a_charge_after_all_the_watch_delivered_is_added_even_to_a_stored_value_already_short() {
+    // Simulator seed 94,780: a ConfigMap stored uncharged (admitted before the quota) raises
+    // the count to 3; that write is lost to a tenant's edit of spec.hard; admission then
+    // charges a fourth on top of the stale 2. Counted 3, stored 3, truth 4.
+    let (mut h, _) = written_at_20();
+    h.tick(crate::lowering::SETTLE_MS);
+    let id = h.watch_id();
+    h.feed(Input::Watch {
+        id,
+        item: Item::Apply(configmap("c", 21)),
+    });
+    let effects = h.tick(1);
+    assert_eq!(writes(&effects)[0].used, list(&[(CM, "3")]));
+    h.feed(Input::Quota(QuotaEvent::Applied(quota(
+        22,
+        &[(CM, "11")],
+        Some(&[(CM, "2")]),
+    ))));
+    h.feed(Input::Written {
+        key: key(),
+        precondition: Some("20".into()),
+        result: Err(Failure {
+            code: Some(409),
+            message: "conflict".into(),
+        }),
+    });
+    h.feed(Input::Quota(QuotaEvent::Applied(quota(
+        23,
+        &[(CM, "11")],
+        Some(&[(CM, "3")]),
+    ))));
+    let effects = h.tick(1);
+    let w = writes(&effects);
+    assert_eq!(w.len(), 1, "{effects:?}");
+    assert_eq!(w[0].precondition.as_deref(), Some("23"));
+    assert_eq!(
+        w[0].used,
+        list(&[(CM, "4")]),
+        "the charge at 23 is for an object the watch (at 21) has not delivered"
+    );
+
+    // Once the watch delivers it, the charge may be counted already: back to the count.
+    h.feed(Input::Written {
+        key: key(),
+        precondition: Some("23".into()),
+        result: Ok(quota(24, &[(CM, "11")], Some(&[(CM, "4")]))),
+    });
+    h.feed(Input::Watch {
+        id,
+        item: Item::Apply(configmap("d", 25)),
+    });
+    assert!(writes(&h.tick(1)).is_empty(), "4 counted, 4 stored");
+}
+
+#[test]
+fn a_key_of_a_type_not_served_is_reported_once_it_stays_uncomputed() {
+    const SERVICES: &str = "count/services";
+    let mut h = Harness::new(false);
+    let hard = [(CM, "10"), (SERVICES, "5")];
+    let effects = h.ready(quota(5, &hard, None), &[("a", 2)]);
+    let w = writes(&effects)[0].clone();
+    assert!(!w.used.contains_key(SERVICES), "not computed, not written");
+    let mut stored = written(&w, 20);
+    stored.spec = quota(20, &hard, None).spec;
+    h.feed(Input::Written {
+        key: key(),
+        precondition: Some("5".into()),
+        result: Ok(stored),
+    });
+    let unresolved = |effects: &[Effect]| {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Event {
+                    reason: "UsageUnresolved",
+                    warning: true,
+                    note,
+                    ..
+                } => Some(note.clone()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let early = h.tick(1_000);
+    assert!(unresolved(&early).is_empty(), "not yet: {early:?}");
+    assert!(h.rec.books().unresolved.is_empty());
+    let effects = h.tick(u64::try_from(UNRESOLVED_WARNING.as_millis()).unwrap());
+    let notes = unresolved(&effects);
+    assert_eq!(notes.len(), 1, "{effects:?}");
+    assert!(
+        notes[0].starts_with("count/services: not computed"),
+        "{}",
+        notes[0]
+    );
+    assert!(
+        notes[0].contains("not served by the apiserver: count/services"),
+        "{}",
+        notes[0]
+    );
+    let pair = (key().to_string(), SERVICES.to_owned());
+    assert!(h.rec.books().unresolved.contains(&pair));
+    // Told once, not at every computation.
+    h.feed(Input::Watch {
+        id: h.watch_id(),
+        item: Item::Apply(configmap("b", 30)),
+    });
+    let effects = h.tick(1);
+    assert!(unresolved(&effects).is_empty());
+    let w = writes(&effects)[0].clone();
+    let mut stored = written(&w, 31);
+    stored.spec = quota(31, &hard, None).spec;
+    h.feed(Input::Written {
+        key: key(),
+        precondition: Some("20".into()),
+        result: Ok(stored),
+    });
+
+    // The type comes to be served, is listed, and the key is computed: the quota is told.
+    let opened = h.feed(Input::Discovered {
+        cluster: ClusterName::new("c"),
+        result: Ok(Discovered {
+            served: vec![
+                crate::resolver::ServedResource::core_for_tests("configmaps"),
+                crate::resolver::ServedResource::core_for_tests("services"),
+            ],
+            failed_groups: Vec::new(),
+        }),
+    });
+    let id = opened
+        .iter()
+        .find_map(|e| match e {
+            Effect::OpenWatch { id, key, .. } if key.resource.resource == "services" => Some(*id),
+            _ => None,
+        })
+        .expect("services watched once served");
+    h.feed(Input::Watch { id, item: Item::Init });
+    let mut effects = h.feed(Input::Watch {
+        id,
+        item: Item::InitDone,
+    });
+    effects.extend(h.tick(1));
+    assert!(
+        effects.iter().any(|e| matches!(
+            e,
+            Effect::Event {
+                reason: "UsageComputed",
+                warning: false,
+                ..
+            }
+        )),
+        "{effects:?}"
+    );
+    assert!(h.rec.books().unresolved.is_empty());
+    let w = writes(&effects).last().copied().expect("a write").clone();
+    assert_eq!(w.used.get(SERVICES).map(|q| q.0.as_str()), Some("0"));
+    let mut stored = written(&w, 45);
+    stored.spec = quota(45, &hard, None).spec;
+    h.feed(Input::Written {
+        key: key(),
+        precondition: Some("31".into()),
+        result: Ok(stored),
+    });
+
+    // A key that leaves spec.hard while uncomputed goes without a word.
+    let widgets = [(CM, "10"), ("count/widgets.example.com", "1")];
+    h.feed(Input::Quota(QuotaEvent::Applied(quota(50, &widgets, None))));
+    let effects = h.tick(1);
+    assert_eq!(h.rec.books().uncomputed_since.len(), 1);
+    let w = writes(&effects)[0].clone();
+    let mut stored = written(&w, 51);
+    stored.spec = quota(51, &widgets, None).spec;
+    h.feed(Input::Written {
+        key: key(),
+        precondition: Some("50".into()),
+        result: Ok(stored),
+    });
+    h.feed(Input::Quota(QuotaEvent::Applied(quota(52, &[(CM, "10")], None))));
+    let effects = h.tick(1);
+    assert!(!effects.iter().any(|e| matches!(
+        e,
+        Effect::Event {
+            reason: "UsageComputed",
+            ..
+        }
+    )));
+    assert!(h.rec.books().uncomputed_since.is_empty());
+}
+
+#[test]
+fn a_charge_behind_a_late_write_response_and_a_relist_is_not_lost() {
+    // Simulator seed 95,145: a write lowers the key; a relist jumps over its event and over
+    // the charge that follows it (stored 3, then 2 by the write, then 3 by admission: the
+    // relist shows 3 → 3); the write's response comes last.
+    let (mut h, _) = written_at_20();
+    let id = h.watch_id();
+    h.feed(Input::Quota(QuotaEvent::Applied(quota(
+        22,
+        &[(CM, "10")],
+        Some(&[(CM, "3")]),
+    ))));
+    h.feed(Input::Watch {
+        id,
+        item: Item::Apply(configmap("c", 23)),
+    });
+    h.tick(crate::lowering::SETTLE_MS);
+    h.feed(Input::Watch {
+        id,
+        item: Item::Delete(configmap("a", 24)),
+    });
+    let effects = h.tick(1);
+    let w = writes(&effects);
+    assert_eq!(w.len(), 1, "{effects:?}");
+    assert_eq!(w[0].used, list(&[(CM, "2")]));
+    let lowered = w[0].clone();
+    h.feed(Input::Quota(QuotaEvent::RelistStarted));
+    h.feed(Input::Quota(QuotaEvent::Relisted(quota(
+        26,
+        &[(CM, "10")],
+        Some(&[(CM, "3")]),
+    ))));
+    h.feed(Input::Quota(QuotaEvent::RelistDone));
+    h.feed(Input::Written {
+        key: key(),
+        precondition: Some("22".into()),
+        result: Ok(written(&lowered, 25)),
+    });
+    let effects = h.tick(1);
+    for w in writes(&effects) {
+        assert_eq!(
+            w.used,
+            list(&[(CM, "3")]),
+            "the charge at 26 (for an object the watch, at 24, has not delivered) stands: {w:?}"
+        );
+    }
+    let charges = &h.rec.engine().index.get(&key()).unwrap().payload.charges;
+    assert_eq!(charges.len(), 1, "{charges:?}");
+    assert_eq!(charges[0].revision, Some(26));
+}

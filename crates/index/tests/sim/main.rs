@@ -157,15 +157,19 @@ fn a_seed_replays_the_same_run() {
     }
 }
 
-/// Many more seeds than CI runs (`LAZYQUOTA_SIM_SEEDS`, default 200,000, after the CI range).
+/// Many more seeds than CI runs: `LAZYQUOTA_SIM_SEEDS` of them (default 200,000) from
+/// `LAZYQUOTA_SIM_FIRST` (default: right after the CI range).
 #[test]
 #[ignore = "a soak: run it on purpose"]
 fn soak() {
-    let n: u64 = std::env::var("LAZYQUOTA_SIM_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(200_000);
-    run_range(CI_SEEDS..CI_SEEDS + n);
+    let var = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(default)
+    };
+    let first = var("LAZYQUOTA_SIM_FIRST", CI_SEEDS);
+    run_range(first..first + var("LAZYQUOTA_SIM_SEEDS", 200_000));
 }
 
 /// Runs the first 1,000 seeds of the CI range with `mutation`; returns the first failure.
