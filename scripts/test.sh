@@ -45,6 +45,7 @@ rm -rf .lazyquota/testenv-*
 phase "format check" cargo fmt --all -- --check
 phase "control plane build" bash tests/control-plane/build.sh >/dev/null
 phase "kcp build" bash tests/control-plane/kcp/build.sh >/dev/null
+phase "kcp e2e quota tests build" bash tests/control-plane/kcp/build.sh quota-e2e >/dev/null
 phase "helm build" bash tests/helm/build.sh >/dev/null
 phase "node build" bash tests/control-plane/node/build.sh >/dev/null
 phase "helm lint/template" bash tests/helm/check.sh

@@ -101,7 +101,7 @@ async fn create_objects(client: &Client, ty: &ExportedType, ns: &str, names: &[&
     let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ty.resource());
     for name in names {
         let object: DynamicObject = serde_json::from_value(serde_json::json!({
-            "apiVersion": format!("{}/{}", ty.group, ty.version), "kind": ty.kind,
+            "apiVersion": ty.api_version(), "kind": ty.kind,
             "metadata": {"name": name},
         }))
         .expect("object");
@@ -127,11 +127,7 @@ async fn create_configmaps(client: &Client, ns: &str, count: usize, prefix: &str
 
 /// `lazyquota run --kcp-shard-url <shard>` with the shard admin's credentials.
 fn run_on(shard: &KcpShard, extra: &[&str]) -> Lazyquota {
-    let kubeconfig = std::env::temp_dir().join(format!("{}.kubeconfig", unique_name("shard")));
-    shard.shard_kubeconfig(&kubeconfig).expect("kubeconfig");
-    let mut args = vec!["--kcp-shard-url", shard.url()];
-    args.extend_from_slice(extra);
-    Lazyquota::start(&kubeconfig, &args)
+    Lazyquota::on_kcp_shard(shard, extra)
 }
 
 fn lazyquota_cli(shard: &KcpShard, args: &[&str]) -> std::process::Output {
@@ -770,6 +766,116 @@ async fn a_new_apibinding_is_discovered_and_counted() {
     assert!(
         used_becomes(&quotas(&client), "q", &key, "1").await.is_some(),
         "counted once bound (a delete, which admission cannot count); log:\n{}",
+        process.log()
+    );
+    drop(process);
+    delete_workspace(shard, &ws).await;
+    delete_workspace(shard, &provider).await;
+}
+
+/// A core type bound through an APIBinding (Services, as kcp's own e2e test binds them) is
+/// served by the legacy `/api/v1` while kcp's aggregated `/api` leaves it out: lazyquota counts
+/// it (admission refused every Service create while its key had no `used`), kcp's admission
+/// enforces the count, and after the binding goes the quota's other keys are still counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_core_type_bound_through_an_apibinding_is_counted_and_enforced() {
+    let _one = LAZYQUOTA_ONLY.lock().await;
+    let shard = KcpShard::get(KcpFlavor::LazyquotaOnly);
+    remove_all_quotas(shard).await;
+    let tag = unique_name("core");
+    let services = ExportedType::new("", "services", "v1");
+    let provider = shard
+        .create_workspace("root", &format!("{tag}-p"))
+        .await
+        .expect("p");
+    shard.export(&provider.path, &services).await.expect("export");
+    let ws = shard
+        .create_workspace("root", &format!("{tag}-c"))
+        .await
+        .expect("c");
+    let client = shard.user_client(&ws.path).await.expect("client");
+    namespace(&client, "team").await;
+    let served = || async {
+        Api::<DynamicObject>::namespaced_with(client.clone(), "team", &services.resource())
+            .list(&ListParams::default().limit(1))
+            .await
+            .is_ok()
+    };
+    assert!(!served().await, "Services are not built into a kcp workspace");
+    shard
+        .bind(&ws.path, &provider.path, &services)
+        .await
+        .expect("bind");
+    let process = run_on(shard, &["--discovery-poll", "10m"]);
+    let key = services.count_key();
+    quotas(&client)
+        .create(&PostParams::default(), &quota("q", &[(&key, "1")]))
+        .await
+        .expect("quota");
+    assert!(
+        used_becomes(&quotas(&client), "q", &key, "0").await.is_some(),
+        "{key} counted; log:\n{}",
+        process.log()
+    );
+    create_objects(&client, &services, "team", &["a"]).await;
+    let refused = Api::<DynamicObject>::namespaced_with(client.clone(), "team", &services.resource())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Service", "metadata": {"name": "b"},
+            }))
+            .expect("object"),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("exceeded quota")),
+        "the second Service is refused by kcp's quota admission: {refused:?}"
+    );
+    assert!(used_becomes(&quotas(&client), "q", &key, "1").await.is_some());
+
+    // A second key, then the binding goes: the type is no longer served, the quota's other
+    // keys are still counted.
+    let mut q = quotas(&client).get("q").await.expect("quota");
+    q.spec
+        .as_mut()
+        .and_then(|s| s.hard.as_mut())
+        .expect("hard")
+        .insert(
+            "count/configmaps".into(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("100".into()),
+        );
+    quotas(&client)
+        .replace("q", &PostParams::default(), &q)
+        .await
+        .expect("add count/configmaps");
+    assert!(
+        used_becomes(&quotas(&client), "q", "count/configmaps", "1")
+            .await
+            .is_some(),
+        "kube-root-ca.crt counted"
+    );
+    let bindings = Api::<DynamicObject>::all_with(
+        client.clone(),
+        &kube::api::ApiResource {
+            group: "apis.kcp.io".into(),
+            version: "v1alpha2".into(),
+            api_version: "apis.kcp.io/v1alpha2".into(),
+            kind: "APIBinding".into(),
+            plural: "apibindings".into(),
+        },
+    );
+    bindings
+        .delete("services", &DeleteParams::default())
+        .await
+        .expect("unbind");
+    let gone = eventually(WAIT, || async { (!served().await).then_some(()) }).await;
+    assert!(gone.is_some(), "Services no longer served once unbound");
+    create_configmaps(&client, "team", 1, "after-unbind").await;
+    assert!(
+        used_becomes(&quotas(&client), "q", "count/configmaps", "2")
+            .await
+            .is_some(),
+        "still counted after the binding went; log:\n{}",
         process.log()
     );
     drop(process);

@@ -25,6 +25,16 @@ impl Lazyquota {
         Self::start_logging(kubeconfig, extra, "info")
     }
 
+    /// `lazyquota run --kcp-shard-url <shard> <extra>` with the shard admin's credentials, as
+    /// one process per shard is deployed.
+    pub fn on_kcp_shard(shard: &lazyquota_testenv::kcp::KcpShard, extra: &[&str]) -> Self {
+        let kubeconfig = std::env::temp_dir().join(format!("{}.kubeconfig", unique_name("shard")));
+        shard.shard_kubeconfig(&kubeconfig).expect("kubeconfig");
+        let mut args = vec!["--kcp-shard-url", shard.url()];
+        args.extend_from_slice(extra);
+        Self::start(&kubeconfig, &args)
+    }
+
     /// [`Lazyquota::start`] with `RUST_LOG` set to `filter`.
     pub fn start_logging(kubeconfig: &Path, extra: &[&str], filter: &str) -> Self {
         let port = free_port();

@@ -442,7 +442,8 @@ impl Engine {
 
     /// A status write of the quota succeeded with `used`: the keys in it are lazyquota's own
     /// computation from then on, maintained by admission since ([`QuotaState::fresh`]), even
-    /// when the write's response comes after its own event.
+    /// when the write's response comes after its own event. Not when a newer version came
+    /// first: a key added back to `spec.hard` meanwhile was not in the write.
     pub fn written_keys(&mut self, key: &QuotaKey, used: Option<&BTreeMap<String, K8sQuantity>>) {
         if let Some(state) = self.index.payload_mut(key) {
             state.fresh.retain(|k| used.is_none_or(|u| !u.contains_key(k)));
@@ -916,6 +917,15 @@ impl Engine {
             .filter(|k| !k.starts_with("count/") && !claimed.contains(*k))
             .map(|k| (*k).to_owned())
             .collect();
+        let mut sources: BTreeMap<String, Vec<GroupResource>> = BTreeMap::new();
+        for (evaluator, keys) in &plan.per_evaluator {
+            for key in keys {
+                sources
+                    .entry(key.clone())
+                    .or_default()
+                    .push(evaluator.group_resource());
+            }
+        }
         let used = plan.merge(&results);
         let decision = assemble_status(
             state.spec_hard.as_ref(),
@@ -929,6 +939,7 @@ impl Engine {
             scope_errors,
             uncomputed,
             unclaimed,
+            sources,
         })
     }
 
@@ -1083,6 +1094,9 @@ pub struct Computed {
     /// form): their stored value is copied as upstream copies it, but it is nobody's
     /// computation, so shadow mode calls them unknown, never agreeing.
     pub unclaimed: Vec<String>,
+    /// Per key, the resources of the evaluators that compute it: the watches whose objects
+    /// it counts.
+    pub sources: BTreeMap<String, Vec<GroupResource>>,
 }
 
 /// What a relist of the quota watch changed ([`Engine::reset_quotas`]).

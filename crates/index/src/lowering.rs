@@ -214,14 +214,18 @@ pub fn drop_unmaintained(state: &QuotaState, uncomputed: &[String], decision: &m
 /// neither lower than stored nor for the first time: an object stored before — uncharged if
 /// it was admitted before the key existed — may still be on its way. The caller applies this
 /// for [`SETTLE_MS`] after the quota was created or its keys changed.
-/// Keeps each such key at its stored value, or leaves a new one out (admission refuses
-/// what would charge it: closed, not open). Returns whether a key was held; clears `dirty`
-/// when nothing is left to write.
-pub fn hold_until_caught_up(state: &QuotaState, decision: &mut StatusDecision) -> bool {
+/// Keeps each such key (`behind`: those whose own watches have not caught up) at its stored
+/// value, or leaves a new one out (admission refuses what would charge it: closed, not
+/// open). Returns whether a key was held; clears `dirty` when nothing is left to write.
+pub fn hold_until_caught_up(
+    state: &QuotaState,
+    behind: impl Fn(&str) -> bool,
+    decision: &mut StatusDecision,
+) -> bool {
     let stored = state.status_used.as_ref();
     let mut held = false;
     let mut new = Vec::new();
-    for (key, ours) in &mut decision.used {
+    for (key, ours) in decision.used.iter_mut().filter(|(k, _)| behind(k)) {
         // A key added back to `spec.hard` is new too: its stored value is nobody's.
         match stored
             .and_then(|s| s.get(key))
@@ -257,7 +261,7 @@ pub fn hold_until_caught_up(state: &QuotaState, decision: &mut StatusDecision) -
 /// Whether two quota keys count the same objects by the same amount (`pods` and
 /// `count/pods`, `cpu` and `requests.cpu`): a charge of one, seen on a neighbouring quota,
 /// is a charge of the other.
-fn same_objects(a: &str, b: &str) -> bool {
+pub(crate) fn same_objects(a: &str, b: &str) -> bool {
     fn canonical(key: &str) -> &str {
         match key {
             "cpu" => "requests.cpu",

@@ -2,7 +2,9 @@
 //! [`Resolver`](lazyquota_index::resolver::Resolver).
 //!
 //! Aggregated discovery (two requests: `/api` and `/apis`) where the server supports it, the
-//! per-group walk for whichever of the two it answered with a legacy list. There is no
+//! per-group walk for whichever of the two it answered with a legacy list, and on kcp the
+//! legacy `/api/v1` as well (a workspace's aggregated `/api` leaves out core types bound
+//! through an APIBinding). There is no
 //! discovery watch in Kubernetes; the controller re-runs this when CustomResourceDefinitions
 //! or APIServices change, and on a slow poll.
 
@@ -36,10 +38,8 @@ pub async fn discover(client: &Client, route: &Route) -> Result<Discovered, kube
     let core = or_legacy(client, at("/api"), core).await?;
     let apis = or_legacy(client, at("/apis"), apis).await?;
     let plan = Plan::new(core, apis).map_err(kube::Error::SerdeError)?;
-    let mut found = Discovered::default();
-    read_aggregated(plan.aggregated, &mut found);
-    found.served.extend(walk_groups(client, route, plan.walk).await?);
-    Ok(found)
+    let lists = walk_groups(client, route, &plan.walk).await?;
+    Ok(plan.read(lists))
 }
 
 /// What the answers to `/api` and `/apis` leave to do: groups already described (aggregated
@@ -68,10 +68,19 @@ impl Plan {
                 plan.walk.push((String::new(), paths));
             }
         }
-        match apis {
-            Answer::Aggregated(list) => plan.aggregated.extend(list.items),
+        let core_aggregated = !plan.aggregated.is_empty();
+        let kcp = match apis {
+            Answer::Aggregated(list) => {
+                let kcp = list
+                    .items
+                    .iter()
+                    .any(|g| g.metadata.as_ref().and_then(|m| m.name.as_deref()) == Some(KCP_GROUP));
+                plan.aggregated.extend(list.items);
+                kcp
+            }
             Answer::Legacy(body) => {
                 let groups: APIGroupList = serde_json::from_value(body)?;
+                let kcp = groups.groups.iter().any(|g| g.name == KCP_GROUP);
                 for group in groups.groups {
                     let preferred = group.preferred_version.map(|p| p.group_version);
                     let mut paths: Vec<String> = preferred.iter().map(|gv| format!("/apis/{gv}")).collect();
@@ -84,11 +93,36 @@ impl Plan {
                     );
                     plan.walk.push((group.name, paths));
                 }
+                kcp
             }
+        };
+        if kcp && core_aggregated {
+            // kcp (v0.32.3) leaves core types bound through an APIBinding (Services, say)
+            // out of a workspace's aggregated /api, while its legacy /api/v1 lists them:
+            // read that too, in the same round of requests as the group walk.
+            plan.walk.insert(0, (String::new(), vec!["/api/v1".to_owned()]));
         }
         Ok(plan)
     }
+
+    /// What the cluster serves: the aggregated groups, then the walked ones (`lists`: the
+    /// answers to `walk`'s paths, group by group). A resource found twice (kcp's core group
+    /// is read both ways) counts once, as first found.
+    fn read(self, lists: Vec<Vec<APIResourceList>>) -> Discovered {
+        let mut found = Discovered::default();
+        read_aggregated(self.aggregated, &mut found);
+        for ((group, _), lists) in self.walk.into_iter().zip(lists) {
+            read_lists(&group, lists, &mut found.served);
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        found.served.retain(|s| seen.insert(s.resource.clone()));
+        found
+    }
 }
+
+/// The group every kcp workspace serves (APIBindings, APIExports): its presence in `/apis`
+/// says the server is kcp.
+const KCP_GROUP: &str = "apis.kcp.io";
 
 /// The resources of aggregated groups, each at its first (preferred) version that serves it;
 /// a group with a `Stale` version goes to `failed_groups`.
@@ -196,14 +230,14 @@ fn served_push(
 
 /// The per-group walk (one request per group version) for the groups a legacy answer listed:
 /// every version of every group, the preferred one first (ours rather than kube's
-/// `Discovery`, which cannot put a logical cluster's route in front of its paths).
+/// `Discovery`, which cannot put a logical cluster's route in front of its paths). Returns
+/// the answers group by group, in `group_versions`' order.
 async fn walk_groups(
     client: &Client,
     route: &Route,
-    group_versions: Vec<(String, Vec<String>)>,
-) -> Result<Vec<ServedResource>, kube::Error> {
+    group_versions: &[(String, Vec<String>)],
+) -> Result<Vec<Vec<APIResourceList>>, kube::Error> {
     let at = |path: &str| format!("{}{path}", route.prefix());
-    let mut served = Vec::new();
     // Every group version at once (over HTTP/2, streams of one connection): the walk costs
     // about one round trip more than /api and /apis, not one per group version — it is on the
     // path from a new kcp workspace's first quota to its first status.
@@ -220,37 +254,39 @@ async fn walk_groups(
             futures::future::try_join_all(gets)
         })
         .collect();
-    let lists: Vec<Vec<APIResourceList>> = futures::stream::iter(requests)
+    futures::stream::iter(requests)
         .buffered(MAX_LISTS_AT_ONCE)
         .try_collect()
-        .await?;
-    for ((group, _), lists) in group_versions.into_iter().zip(lists) {
-        let mut seen = std::collections::BTreeSet::new();
-        for list in lists {
-            let version = list
-                .group_version
-                .rsplit('/')
-                .next()
-                .unwrap_or_default()
-                .to_owned();
-            for resource in list.resources {
-                // Subresources (`pods/status`) are not types of their own.
-                if resource.name.contains('/') || !seen.insert(resource.name.clone()) {
-                    continue;
-                }
-                served_push(
-                    &mut served,
-                    &group,
-                    &version,
-                    resource.name,
-                    resource.kind,
-                    resource.namespaced,
-                    resource.verbs,
-                );
+        .await
+}
+
+/// The resources of one walked group (`lists`: its versions, the preferred first), each at
+/// the first version that serves it.
+fn read_lists(group: &str, lists: Vec<APIResourceList>, served: &mut Vec<ServedResource>) {
+    let mut seen = std::collections::BTreeSet::new();
+    for list in lists {
+        let version = list
+            .group_version
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        for resource in list.resources {
+            // Subresources (`pods/status`) are not types of their own.
+            if resource.name.contains('/') || !seen.insert(resource.name.clone()) {
+                continue;
             }
+            served_push(
+                served,
+                group,
+                &version,
+                resource.name,
+                resource.kind,
+                resource.namespaced,
+                resource.verbs,
+            );
         }
     }
-    Ok(served)
 }
 
 /// Groups whose versions the per-group walk asks for at once.
@@ -286,21 +322,40 @@ mod tests {
             .collect()
     }
 
+    /// kcp v0.32.3's legacy `/api/v1` of a workspace with Services bound through an
+    /// APIBinding (recorded, trimmed to two resources): it lists `services`, which the same
+    /// workspace's aggregated `/api` leaves out (that listed configmaps, events, namespaces,
+    /// resourcequotas, secrets and serviceaccounts).
+    const KCP_API_V1: &str = r#"{"kind":"APIResourceList","groupVersion":"v1","resources":[{"name":"configmaps","singularName":"configmap","namespaced":true,"kind":"ConfigMap","verbs":["create","delete","deletecollection","get","list","patch","update","watch"],"shortNames":["cm"],"storageVersionHash":"BcsYVNKF43M="},{"name":"services","singularName":"service","namespaced":true,"kind":"Service","verbs":["delete","deletecollection","get","list","patch","create","update","watch"],"storageVersionHash":"LuZK7Vz7ufs="}]}"#;
+
+    fn list(body: &str) -> APIResourceList {
+        serde_json::from_str(body).unwrap()
+    }
+
     #[test]
-    fn kcp_answers_leave_only_the_legacy_groups_to_walk() {
+    fn kcp_answers_leave_the_legacy_groups_and_the_legacy_core_version_to_walk() {
         let plan = Plan::new(answer(KCP_API), answer(KCP_APIS)).unwrap();
-        // What `discover` asks for after /api and /apis: one request per version of a group
-        // /apis listed; the core group came aggregated, and neither document is in the plan.
+        // What `discover` asks for after /api and /apis: the core group's legacy list (kcp's
+        // aggregated one can be short), then one request per version of a group /apis listed.
         assert_eq!(
             walked(&plan),
             [
+                "/api/v1",
                 "/apis/coordination.k8s.io/v1",
                 "/apis/apis.kcp.io/v1alpha2",
                 "/apis/apis.kcp.io/v1alpha1",
             ]
         );
-        let mut found = Discovered::default();
-        read_aggregated(plan.aggregated, &mut found);
+        let empty = |gv: &str| APIResourceList {
+            group_version: gv.to_owned(),
+            resources: Vec::new(),
+        };
+        let lists = vec![
+            vec![list(KCP_API_V1)],
+            vec![empty("coordination.k8s.io/v1")],
+            vec![empty("apis.kcp.io/v1alpha2"), empty("apis.kcp.io/v1alpha1")],
+        ];
+        let found = plan.read(lists);
         let served: Vec<_> = found
             .served
             .iter()
@@ -310,8 +365,19 @@ mod tests {
             served,
             [
                 ("configmaps".to_owned(), "v1", true),
-                ("namespaces".to_owned(), "v1", false)
-            ]
+                ("namespaces".to_owned(), "v1", false),
+                ("services".to_owned(), "v1", true),
+            ],
+            "each core resource once, Services from the legacy list"
+        );
+    }
+
+    #[test]
+    fn plain_kubernetes_answers_walk_no_core_version_twice() {
+        let plan = Plan::new(answer(KCP_API), answer(AGGREGATED_APIS)).unwrap();
+        assert!(
+            plan.walk.is_empty(),
+            "no kcp group: the aggregated /api is complete"
         );
     }
 
@@ -320,8 +386,7 @@ mod tests {
         let plan = Plan::new(answer(LEGACY_API), answer(AGGREGATED_APIS)).unwrap();
         assert_eq!(walked(&plan), ["/api/v1"]);
         assert_eq!(plan.walk[0].0, "", "the core group's name is empty");
-        let mut found = Discovered::default();
-        read_aggregated(plan.aggregated, &mut found);
+        let found = plan.read(vec![Vec::new()]);
         assert_eq!(found.served.len(), 1);
         assert_eq!(found.served[0].resource.to_string(), "deployments.apps");
         assert_eq!(

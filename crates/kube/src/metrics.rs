@@ -37,6 +37,7 @@ pub struct Metrics {
     pending: IntGaugeVec,
     disagreements: IntGaugeVec,
     withheld: IntGaugeVec,
+    unresolved: IntGaugeVec,
     shadow_unknown: IntGaugeVec,
     quotas: IntGauge,
     ready: IntGauge,
@@ -196,6 +197,12 @@ impl Metrics {
                 &r,
                 "lazyquota_withheld_keys",
                 "1 for each quota key whose usage is unknown (an object carries a quantity beyond what lazyquota holds): removed from status.used, never written lower.",
+                &["cluster", "namespace", "quota", "key"],
+            ),
+            unresolved: gauge_vec(
+                &r,
+                "lazyquota_unresolved_keys",
+                "1 for each quota key not computed for 30 s or longer (its type not served, or not listed): while status.used lacks it, admission refuses what would charge it.",
                 &["cluster", "namespace", "quota", "key"],
             ),
             shadow_unknown: gauge_vec(
@@ -395,6 +402,7 @@ impl Metrics {
                 snapshot.disagreements.keys().collect::<Vec<_>>(),
             ),
             (&self.withheld, snapshot.withheld.iter().collect()),
+            (&self.unresolved, snapshot.unresolved.iter().collect()),
             (&self.shadow_unknown, snapshot.shadow_unknown.iter().collect()),
         ] {
             gauge.reset();

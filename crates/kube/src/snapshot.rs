@@ -34,6 +34,9 @@ pub struct Snapshot {
     /// (quota, key) pairs whose usage is unknown (an object carries a quantity beyond what
     /// lazyquota holds): withheld from status.used, never written lower.
     pub withheld: BTreeSet<(String, String)>,
+    /// (quota, key) pairs not computed for a while (their type not served, or not listed):
+    /// the quota was told with a Warning Event.
+    pub unresolved: BTreeSet<(String, String)>,
     /// Whether streaming lists are used.
     pub streaming_lists: bool,
     /// API groups whose discovery failed last time (their resources' keys keep their values).
@@ -66,6 +69,7 @@ impl Snapshot {
             all.shadow_verdicts
                 .extend(part.shadow_verdicts.iter().map(|(k, v)| (k.clone(), *v)));
             all.withheld.extend(part.withheld.iter().cloned());
+            all.unresolved.extend(part.unresolved.iter().cloned());
             all.shadow_unknown.extend(part.shadow_unknown.iter().cloned());
             all.quota_usage.extend(part.quota_usage.iter().cloned());
             all.streaming_lists |= part.streaming_lists;

@@ -265,20 +265,34 @@ impl ExportedType {
         }
     }
 
+    /// The objects' `apiVersion`: `<group>/<version>`, or the version alone for the core group
+    /// (a core type such as Services can be bound through an APIBinding too).
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
     /// The resource, for dynamic clients.
     pub fn resource(&self) -> ApiResource {
         ApiResource {
             group: self.group.clone(),
             version: self.version.clone(),
-            api_version: format!("{}/{}", self.group, self.version),
+            api_version: self.api_version(),
             kind: self.kind.clone(),
             plural: self.plural.clone(),
         }
     }
 
-    /// The quota key counting it: `count/<plural>.<group>`.
+    /// The quota key counting it: `count/<plural>.<group>` (`count/<plural>` in the core group).
     pub fn count_key(&self) -> String {
-        format!("count/{}.{}", self.plural, self.group)
+        if self.group.is_empty() {
+            format!("count/{}", self.plural)
+        } else {
+            format!("count/{}.{}", self.plural, self.group)
+        }
     }
 }
 
@@ -309,7 +323,9 @@ impl KcpShard {
     /// APIExport (`apis.kcp.io/v1alpha2`, CRD storage) named after the plural.
     pub async fn export(&self, provider: &str, ty: &ExportedType) -> Result<(), Error> {
         let client = self.user_client(provider).await?;
-        let schema_name = format!("{}.{}.{}", ty.version, ty.plural, ty.group);
+        // The core group is named `core` in schema names, as kcp names it.
+        let group = if ty.group.is_empty() { "core" } else { &ty.group };
+        let schema_name = format!("{}.{}.{group}", ty.version, ty.plural);
         let schemas = Api::<DynamicObject>::all_with(
             client.clone(),
             &apis_resource("v1alpha1", "APIResourceSchema", "apiresourceschemas"),

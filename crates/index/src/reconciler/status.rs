@@ -111,7 +111,7 @@ impl Reconciler {
             let at = self.epoch + std::time::Duration::from_millis(held.until_ms);
             self.queue.add_at(key.clone(), at);
         }
-        if let Some(settled) = self.hold_until_caught_up(&key, &mut decision, now) {
+        if let Some(settled) = self.hold_until_caught_up(&key, &computed.sources, &mut decision, now) {
             debug!(quota = %key, "watches behind the quota's last change: nothing written lower yet");
             self.queue.add_at(key.clone(), settled);
         }
@@ -171,22 +171,7 @@ impl Reconciler {
             return None;
         }
         let entry = self.engine.index.get(key)?;
-        // Its own charges, and its neighbours' in its namespace — and in the namespace it is
-        // computed over (a kcp cluster-scoped quota's is `*`: filed there, not in its own).
-        let mut quotas: Vec<&QuotaKey> = vec![key];
-        quotas.extend(self.engine.index.in_namespace(&key.cluster, &key.namespace));
-        quotas.extend(
-            self.engine
-                .index
-                .in_namespace(&key.cluster, entry.demand_namespace()),
-        );
-        quotas.sort_unstable();
-        quotas.dedup();
-        let charges: Vec<&lowering::Charge> = quotas
-            .into_iter()
-            .filter_map(|k| self.engine.index.get(k))
-            .flat_map(|e| &e.payload.charges)
-            .collect();
+        let charges = self.namespace_charges(key);
         // What the watches it is computed from delivered: a charge at or past it is for an
         // object not counted yet.
         let resources: Vec<GroupResource> = entry.demands().keys().cloned().collect();
@@ -200,6 +185,29 @@ impl Reconciler {
         lowering::hold_lowering(&entry.payload, &charges, observed, decision, now_ms)
     }
 
+    /// The charges seen on the quota and its neighbours in its namespace — and in the namespace
+    /// it is computed over (a kcp cluster-scoped quota's is `*`: filed there, not in its own):
+    /// they are charges for objects it counts too.
+    fn namespace_charges(&self, key: &QuotaKey) -> Vec<&lowering::Charge> {
+        let Some(entry) = self.engine.index.get(key) else {
+            return Vec::new();
+        };
+        let mut quotas: Vec<&QuotaKey> = vec![key];
+        quotas.extend(self.engine.index.in_namespace(&key.cluster, &key.namespace));
+        quotas.extend(
+            self.engine
+                .index
+                .in_namespace(&key.cluster, entry.demand_namespace()),
+        );
+        quotas.sort_unstable();
+        quotas.dedup();
+        quotas
+            .into_iter()
+            .filter_map(|k| self.engine.index.get(k))
+            .flat_map(|e| &e.payload.charges)
+            .collect()
+    }
+
     /// For [`lowering::SETTLE_MS`] after a quota is created or its keys change, holds back
     /// keys written lower or for the first time while a watch the quota is computed from has
     /// not come as far as the quota's resourceVersion ([`lowering::hold_until_caught_up`]):
@@ -208,6 +216,7 @@ impl Reconciler {
     fn hold_until_caught_up(
         &self,
         key: &QuotaKey,
+        sources: &BTreeMap<String, Vec<GroupResource>>,
         decision: &mut lazyquota_quota::StatusDecision,
         now: Now,
     ) -> Option<std::time::Instant> {
@@ -224,16 +233,37 @@ impl Reconciler {
         }
         let (rv, at_ms) = entry.payload.view;
         let changed = self.epoch + std::time::Duration::from_millis(at_ms);
-        let resources: Vec<GroupResource> = entry.demands().keys().cloned().collect();
         let all = &**entry.demand_namespace() == crate::keys::ALL_NAMESPACES;
-        let caught_up = self
-            .watches
-            .feeding(key, all, &resources)
-            .all(|w| w.observed >= rv || self.opened.get(&w.id).is_some_and(|at| *at >= changed));
-        if caught_up {
-            return None;
-        }
-        lowering::hold_until_caught_up(&entry.payload, decision).then_some(settled)
+        let every: Vec<GroupResource> = entry.demands().keys().cloned().collect();
+        // A charge younger than SETTLE_MS on a key of the same objects may be for an object
+        // admitted before this key existed (charged for the others, not for it) and stored
+        // after the quota's version: no watch position tells of it.
+        let now_ms = self.ms(now.instant);
+        let recent: Vec<&str> = self
+            .namespace_charges(key)
+            .into_iter()
+            .filter(|c| c.at_ms.saturating_add(lowering::SETTLE_MS) > now_ms)
+            .flat_map(|c| c.raised.iter().map(|(k, _)| k.as_str()))
+            .collect();
+        let recently_charged = |resources: &[GroupResource]| {
+            recent.iter().any(|raised| {
+                match sources.iter().find(|(k, _)| lowering::same_objects(k, raised)) {
+                    Some((_, theirs)) => theirs.iter().any(|r| resources.contains(r)),
+                    None => true, // a neighbour's key: its objects are unknown here
+                }
+            })
+        };
+        // Otherwise only the watches of a key's own objects can hold it back (a new key of
+        // another type is not kept waiting for a quiet watch it does not read).
+        let behind = |name: &str| {
+            let resources = sources.get(name).unwrap_or(&every);
+            recently_charged(resources)
+                || !self
+                    .watches
+                    .feeding(key, all, resources)
+                    .all(|w| w.observed >= rv || self.opened.get(&w.id).is_some_and(|at| *at >= changed))
+        };
+        lowering::hold_until_caught_up(&entry.payload, behind, decision).then_some(settled)
     }
 
     /// Whether a resource the quota needs is still on its first list (not failing, opened less
@@ -294,14 +324,25 @@ impl Reconciler {
                 } else {
                     precondition.map(str::to_owned)
                 };
+                // The view is the write's own (its precondition, or the write's event came
+                // first), or newer: then keys added back to spec.hard since were not written.
+                let view = self
+                    .engine
+                    .index
+                    .get(key)
+                    .and_then(|e| e.payload.resource_version.clone());
+                let own_view =
+                    view.as_deref() == precondition.as_deref() || view == written.metadata.resource_version;
                 let raised = self.engine.record_written(key, precondition.as_deref(), &written);
                 if !raised.is_empty() {
                     // Charges made after the write, behind the newer version already held.
                     let at = self.ms(now.instant);
                     self.engine.note_charge(key, raised, at);
                 }
-                self.engine
-                    .written_keys(key, written.status.as_ref().and_then(|s| s.used.as_ref()));
+                if own_view {
+                    self.engine
+                        .written_keys(key, written.status.as_ref().and_then(|s| s.used.as_ref()));
+                }
                 if self
                     .engine
                     .index

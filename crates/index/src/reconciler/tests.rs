@@ -665,3 +665,46 @@ fn a_charge_behind_a_late_write_response_and_a_relist_is_not_lost() {
     assert_eq!(charges.len(), 1, "{charges:?}");
     assert_eq!(charges[0].revision, Some(26));
 }
+
+#[test]
+fn a_new_key_waits_only_for_the_watch_of_its_own_objects() {
+    // kcp's e2e TestKubeQuotaCoreV1TypesFromBinding: count/configmaps joins a quota whose
+    // other type's watch is quiet, and a ConfigMap create follows within a second; held until
+    // the quiet watch caught up, the key was missing and admission refused the create.
+    let (mut h, w) = written_at_20();
+    h.tick(crate::lowering::SETTLE_MS);
+    h.feed(Input::Discovered {
+        cluster: ClusterName::new("c"),
+        result: Ok(Discovered {
+            served: vec![
+                crate::resolver::ServedResource::core_for_tests("configmaps"),
+                crate::resolver::ServedResource::core_for_tests("services"),
+            ],
+            failed_groups: Vec::new(),
+        }),
+    });
+    let hard = [(CM, "10"), ("count/services", "5")];
+    let mut q = quota(30, &hard, None);
+    q.status = written(&w, 30).status;
+    let opened = h.feed(Input::Quota(QuotaEvent::Applied(q)));
+    let id = opened
+        .iter()
+        .find_map(|e| match e {
+            Effect::OpenWatch { id, key, .. } if key.resource.resource == "services" => Some(*id),
+            _ => None,
+        })
+        .expect("services watched once the quota names them");
+    h.feed(Input::Watch { id, item: Item::Init });
+    let mut effects = h.feed(Input::Watch {
+        id,
+        item: Item::InitDone,
+    });
+    effects.extend(h.tick(1));
+    let w = writes(&effects);
+    assert_eq!(
+        w.len(),
+        1,
+        "written at once, not after the settling time: {effects:?}"
+    );
+    assert_eq!(w[0].used, list(&[(CM, "2"), ("count/services", "0")]));
+}

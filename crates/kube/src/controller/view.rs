@@ -42,6 +42,7 @@ impl Controller {
         self.stats.shadow_verdicts.clone_from(&books.shadow_verdicts);
         self.stats.shadow_unknown.clone_from(&books.shadow_unknown);
         self.stats.withheld.clone_from(&books.withheld);
+        self.stats.unresolved.clone_from(&books.unresolved);
         self.stats.quota_usage = if self.config.quota_usage_metrics {
             self.quota_usage()
         } else {
