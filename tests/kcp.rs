@@ -186,6 +186,27 @@ async fn delete_workspace(shard: &KcpShard, ws: &Workspace) {
     let _ = api.delete(name, &DeleteParams::default()).await;
 }
 
+/// A provider workspace exporting `ty` and a consumer workspace (not bound yet) with a
+/// namespace `team`: the consumer's client.
+async fn provider_and_consumer(
+    shard: &KcpShard,
+    tag: &str,
+    ty: &ExportedType,
+) -> (Workspace, Workspace, Client) {
+    let provider = shard
+        .create_workspace("root", &format!("{tag}-p"))
+        .await
+        .expect("p");
+    shard.export(&provider.path, ty).await.expect("export");
+    let ws = shard
+        .create_workspace("root", &format!("{tag}-c"))
+        .await
+        .expect("c");
+    let client = shard.user_client(&ws.path).await.expect("client");
+    namespace(&client, "team").await;
+    (provider, ws, client)
+}
+
 /// Providers export one group/resource twice (two identities; one serves v1, the other v2);
 /// consumers bind one each. A logical cluster is engaged only while it has a quota, counts only
 /// its own objects of the identity it bound, and is let go when its quota or workspace goes.
@@ -731,17 +752,7 @@ async fn a_new_apibinding_is_discovered_and_counted() {
     remove_all_quotas(shard).await;
     let tag = unique_name("nb");
     let ty = ExportedType::new(&format!("{tag}.example.io"), "gadgets", "v1");
-    let provider = shard
-        .create_workspace("root", &format!("{tag}-p"))
-        .await
-        .expect("p");
-    shard.export(&provider.path, &ty).await.expect("export");
-    let ws = shard
-        .create_workspace("root", &format!("{tag}-c"))
-        .await
-        .expect("c");
-    let client = shard.user_client(&ws.path).await.expect("client");
-    namespace(&client, "team").await;
+    let (provider, ws, client) = provider_and_consumer(shard, &tag, &ty).await;
     let process = run_on(shard, &["--discovery-poll", "10m"]);
     let key = ty.count_key();
     quotas(&client)
@@ -784,17 +795,7 @@ async fn a_core_type_bound_through_an_apibinding_is_counted_and_enforced() {
     remove_all_quotas(shard).await;
     let tag = unique_name("core");
     let services = ExportedType::new("", "services", "v1");
-    let provider = shard
-        .create_workspace("root", &format!("{tag}-p"))
-        .await
-        .expect("p");
-    shard.export(&provider.path, &services).await.expect("export");
-    let ws = shard
-        .create_workspace("root", &format!("{tag}-c"))
-        .await
-        .expect("c");
-    let client = shard.user_client(&ws.path).await.expect("client");
-    namespace(&client, "team").await;
+    let (provider, ws, client) = provider_and_consumer(shard, &tag, &services).await;
     let served = || async {
         Api::<DynamicObject>::namespaced_with(client.clone(), "team", &services.resource())
             .list(&ListParams::default().limit(1))

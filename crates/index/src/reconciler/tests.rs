@@ -145,6 +145,40 @@ impl Harness {
         self.tick(1)
     }
 
+    /// Discovery finds Services served too; returns the effects (a watch opened, if a quota
+    /// names them).
+    fn serve_services(&mut self) -> Vec<Effect> {
+        self.feed(Input::Discovered {
+            cluster: ClusterName::new("c"),
+            result: Ok(Discovered {
+                served: vec![
+                    crate::resolver::ServedResource::core_for_tests("configmaps"),
+                    crate::resolver::ServedResource::core_for_tests("services"),
+                ],
+                failed_groups: Vec::new(),
+            }),
+        })
+    }
+
+    /// The watch of `resource` that `opened` opened lists (empty) and syncs; returns the
+    /// effects, a tick's included.
+    fn list_opened(&mut self, opened: &[Effect], resource: &str) -> Vec<Effect> {
+        let id = opened
+            .iter()
+            .find_map(|e| match e {
+                Effect::OpenWatch { id, key, .. } if key.resource.resource == resource => Some(*id),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("a watch of {resource} opened: {opened:?}"));
+        self.feed(Input::Watch { id, item: Item::Init });
+        let mut effects = self.feed(Input::Watch {
+            id,
+            item: Item::InitDone,
+        });
+        effects.extend(self.tick(1));
+        effects
+    }
+
     fn watch_id(&self) -> u64 {
         self.rec
             .watches()
@@ -545,29 +579,8 @@ fn a_key_of_a_type_not_served_is_reported_once_it_stays_uncomputed() {
     });
 
     // The type comes to be served, is listed, and the key is computed: the quota is told.
-    let opened = h.feed(Input::Discovered {
-        cluster: ClusterName::new("c"),
-        result: Ok(Discovered {
-            served: vec![
-                crate::resolver::ServedResource::core_for_tests("configmaps"),
-                crate::resolver::ServedResource::core_for_tests("services"),
-            ],
-            failed_groups: Vec::new(),
-        }),
-    });
-    let id = opened
-        .iter()
-        .find_map(|e| match e {
-            Effect::OpenWatch { id, key, .. } if key.resource.resource == "services" => Some(*id),
-            _ => None,
-        })
-        .expect("services watched once served");
-    h.feed(Input::Watch { id, item: Item::Init });
-    let mut effects = h.feed(Input::Watch {
-        id,
-        item: Item::InitDone,
-    });
-    effects.extend(h.tick(1));
+    let opened = h.serve_services();
+    let effects = h.list_opened(&opened, "services");
     assert!(
         effects.iter().any(|e| matches!(
             e,
@@ -673,33 +686,12 @@ fn a_new_key_waits_only_for_the_watch_of_its_own_objects() {
     // the quiet watch caught up, the key was missing and admission refused the create.
     let (mut h, w) = written_at_20();
     h.tick(crate::lowering::SETTLE_MS);
-    h.feed(Input::Discovered {
-        cluster: ClusterName::new("c"),
-        result: Ok(Discovered {
-            served: vec![
-                crate::resolver::ServedResource::core_for_tests("configmaps"),
-                crate::resolver::ServedResource::core_for_tests("services"),
-            ],
-            failed_groups: Vec::new(),
-        }),
-    });
+    h.serve_services();
     let hard = [(CM, "10"), ("count/services", "5")];
     let mut q = quota(30, &hard, None);
     q.status = written(&w, 30).status;
     let opened = h.feed(Input::Quota(QuotaEvent::Applied(q)));
-    let id = opened
-        .iter()
-        .find_map(|e| match e {
-            Effect::OpenWatch { id, key, .. } if key.resource.resource == "services" => Some(*id),
-            _ => None,
-        })
-        .expect("services watched once the quota names them");
-    h.feed(Input::Watch { id, item: Item::Init });
-    let mut effects = h.feed(Input::Watch {
-        id,
-        item: Item::InitDone,
-    });
-    effects.extend(h.tick(1));
+    let effects = h.list_opened(&opened, "services");
     let w = writes(&effects);
     assert_eq!(
         w.len(),
