@@ -16,10 +16,10 @@ use axum::{
     response::{IntoResponse as _, Response},
     routing::get,
 };
-use lazyquota_kube::delegated::{Decision, DelegatedAuth};
+use lazyquota_kube::operate::delegated::{Decision, DelegatedAuth};
 use lazyquota_kube::{
     controller::{Snapshot, SnapshotHandle},
-    metrics::Metrics,
+    operate::metrics::Metrics,
 };
 use prometheus::IntGauge;
 use tokio::sync::watch;
@@ -56,7 +56,7 @@ impl Admin {
         controllers: watch::Receiver<Vec<SnapshotHandle>>,
         standby_ready: watch::Receiver<bool>,
     ) -> Self {
-        use lazyquota_kube::metrics::gauge;
+        use lazyquota_kube::operate::metrics::gauge;
         let r = metrics.registry();
         let process = ProcessGauges {
             tasks: gauge(

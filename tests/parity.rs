@@ -25,7 +25,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 use lazyquota_index::keys::ClusterName;
-use lazyquota_kube::report;
+use lazyquota_kube::operate::report;
 use lazyquota_quota::{Evaluator, FeatureGates, Interner, PodProjection, Quantity, Time, evaluators_for_key};
 use lazyquota_testenv::fixtures::{self, Fixture};
 use lazyquota_testenv::{ControlPlane, Flavor, TestNamespace};

@@ -5,7 +5,7 @@
 
 use lazyquota_kube::{
     controller::{QuotaKeyUsage, Snapshot},
-    metrics::Metrics,
+    operate::metrics::Metrics,
 };
 use tikv_jemalloc_ctl::{epoch, stats};
 

@@ -17,9 +17,9 @@ use lazyquota_index::{
     resolver::ServedResource,
 };
 use lazyquota_kube::{
-    client::{Pool, Transport},
-    route::Route,
-    watch::{self, WatchItem},
+    controller::watch::{self, WatchItem},
+    transport::client::{Pool, Transport},
+    transport::route::Route,
 };
 use lazyquota_quota::{FeatureGates, Interner, names::GroupResource};
 use lazyquota_testenv::{ControlPlane, Flavor, TestNamespace};

@@ -20,7 +20,7 @@ use kube::{
 };
 use lazyquota_kube::{
     controller::{Config, Controller, SnapshotHandle},
-    metrics::Metrics,
+    operate::metrics::Metrics,
 };
 use lazyquota_testenv::{ControlPlane, Flavor, eventually};
 
@@ -307,7 +307,7 @@ pub async fn service_account_kubeconfig(
 
 /// A client from a kubeconfig file.
 pub async fn client_from(kubeconfig: &std::path::Path) -> Client {
-    lazyquota_kube::client::connect(Some(kubeconfig), None)
+    lazyquota_kube::transport::client::connect(Some(kubeconfig), None)
         .await
         .expect("client from kubeconfig")
 }
@@ -361,7 +361,7 @@ fn meta(name: &str) -> ObjectMeta {
 /// Every quota of the namespace agrees, key by key, with a direct recomputation
 /// (`lazyquota usage`), and there is at least one quota.
 pub async fn converged(ns: &lazyquota_testenv::TestNamespace) -> Option<()> {
-    let report = lazyquota_kube::report::usage(
+    let report = lazyquota_kube::operate::report::usage(
         &ns.client(),
         &lazyquota_index::keys::ClusterName::new("default"),
         Some(ns.name()),

@@ -200,7 +200,8 @@ fn list_pods(s: &mut Setup, spread: &[usize], templates: &mut [Pod], interner: &
             write!(name, "web-{n:03}-7d9f8b6c5d-{i:06}").expect("writing to a String");
             let projected = PodProjection::from_pod(pod, gates, interner)
                 .strict()
-                .map_or_else(|e| Projected::Malformed(e.to_string()), Projected::Pod);
+                .map(Projected::Pod)
+                .expect("every generated pod projects");
             let id = object_id(pod.metadata.name.as_deref().unwrap_or_default());
             if let Some(reason) = s.engine.relist_apply(s.kind, p, id, projected) {
                 panic!("pod not stored: {reason}");
@@ -550,7 +551,7 @@ const EXPORTS: usize = 10;
 const BOUND: usize = 5;
 
 /// The kcp hub's subscriber sink: futures' unbounded channel and an unread counter, as
-/// `crates/kube/src/hub.rs` has it (the receiver is the controller's, held here).
+/// `crates/kube/src/kcp/hub.rs` has it (the receiver is the controller's, held here).
 struct Channel {
     tx: futures::channel::mpsc::UnboundedSender<Item>,
     unread: std::sync::Arc<std::sync::atomic::AtomicUsize>,

@@ -114,7 +114,6 @@ fn clone_projected(p: &Projected) -> Projected {
         Projected::Pvc(p) => Projected::Pvc(p.clone()),
         Projected::Claim(c) => Projected::Claim(c.clone()),
         Projected::DeviceClass(d) => Projected::DeviceClass(d.clone()),
-        Projected::Malformed(reason) => Projected::Malformed(reason.clone()),
     }
 }
 

@@ -5,7 +5,7 @@
 //! runs it for every engaged logical cluster, so the schedule is one structure for all of them:
 //!
 //! - a cluster's first discovery is due when it is added;
-//! - an API change in it asks for runs 0.3, 1, 3 and 8 s later (a new CRD is served a moment
+//! - an API change in it asks for runs 300, 1,000, 3,000 and 8,000 ms later (a new CRD is served a moment
 //!   after its object appears; the later runs catch it);
 //! - until a first discovery succeeds, a failure asks for another run after 1 s, doubling up to
 //!   the poll period (no status is written before one succeeds);
@@ -109,14 +109,14 @@ impl Discoveries {
         self.clusters.contains_key(cluster)
     }
 
-    /// The types served in `cluster` may have changed at `now`: runs 0.3, 1, 3 and 8 s later.
+    /// The types served in `cluster` may have changed at `now`: runs 300, 1,000, 3,000 and 8,000 ms later.
     pub fn api_changed(&mut self, cluster: &ClusterName, now: Instant) {
         let retries = AFTER_CHANGE_MS.map(|ms| now + Duration::from_millis(ms)).to_vec();
         self.update(cluster, |slot| slot.retries = retries);
     }
 
     /// Every cluster's types may have changed (the API watches listed again): one run each,
-    /// 0.3 s from `now`.
+    /// 300 ms from `now`.
     pub fn all_changed(&mut self, now: Instant) {
         let at = now + Duration::from_millis(AFTER_CHANGE_MS[0]);
         let clusters: Vec<ClusterName> = self.clusters.keys().cloned().collect();

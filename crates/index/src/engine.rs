@@ -30,7 +30,7 @@ use crate::{
     store::{Change, HeapSize, PartitionKey, UsageStore},
 };
 
-/// What is kept per quota: parsed, never the full object (~200 B plus the hard keys).
+/// What is kept per quota: parsed, never the full object (a few hundred bytes and the hard keys).
 #[derive(Debug)]
 pub struct QuotaState {
     /// Parsed spec (hard keys, scopes, problems).
@@ -143,9 +143,6 @@ pub enum Projected {
     Claim(ClaimProjection),
     /// A DeviceClass: what the resourceclaims evaluator's mapping reads.
     DeviceClass(DeviceClassEntry),
-    /// The object could not be projected (the reason names the field and value); it is
-    /// left out of sums and reported.
-    Malformed(String),
 }
 
 /// Which store a partition lives in.
@@ -165,7 +162,7 @@ pub enum StoreKind {
     DeviceClasses,
 }
 
-/// A DeviceClass as the store keeps it: its name and `spec.extendedResourceName` (~40 B).
+/// A DeviceClass as the store keeps it: its name and `spec.extendedResourceName`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceClassEntry {
     /// `metadata.name`.
@@ -690,7 +687,6 @@ impl Engine {
         object: Projected,
     ) -> Option<String> {
         match (kind, object) {
-            (_, Projected::Malformed(reason)) => return Some(reason),
             (StoreKind::Counts, _) => self.counts.relist_apply(p, id, ()),
             (StoreKind::Pods, Projected::Pod(o)) => self.pods.relist_apply(p, id, o),
             (StoreKind::Services, Projected::Service(o)) => self.services.relist_apply(p, id, o),
@@ -725,7 +721,6 @@ impl Engine {
         }
         let gates = self.gates;
         let replenish = match (kind, object) {
-            (_, Projected::Malformed(reason)) => return Applied::Malformed(reason),
             // Metadata-only updates never change a count (upstream's filter is false for them).
             (StoreKind::Counts, _) => matches!(self.counts.apply(p, id, ()), Change::Added),
             (StoreKind::Pods, Projected::Pod(new)) => match self.pods.apply(p, id, new.clone()) {

@@ -1,5 +1,5 @@
 //! kcp: one shared wildcard watch's events handed to the logical clusters subscribed to it.
-//! Pure: the hub (`crates/kube/src/hub.rs`) feeds a [`Fanout`] the shared watch's events and
+//! Pure: the hub (`crates/kube/src/kcp/hub.rs`) feeds a [`Fanout`] the shared watch's events and
 //! the results of subscribers' own lists, and runs the lists it asks for ([`Join`]).
 //!
 //! A subscriber is in one of four phases:
@@ -366,11 +366,6 @@ impl<S: Sink> Fanout<S> {
     pub fn prune(&mut self) -> bool {
         self.subscribers.retain(|s| !s.sink.is_closed());
         !self.subscribers.is_empty()
-    }
-
-    /// Whether some subscriber is of `cluster`.
-    pub fn serves(&self, cluster: &ClusterName) -> bool {
-        self.subscribers.iter().any(|s| &s.cluster == cluster)
     }
 
     /// Subscribers now.

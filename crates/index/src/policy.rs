@@ -10,8 +10,8 @@
 //!  (cluster, resource) ──► namespace ──► { count refs, typed refs }   = demand
 //! ```
 //!
-//! Cost: per quota, one map entry per demanded and per replenishing resource (~80 B each) and
-//! the caller's payload; per demanded (cluster, resource, namespace), one map entry (~64 B).
+//! Cost: per quota, one map entry per demanded and per replenishing resource and the
+//! caller's payload; per demanded (cluster, resource, namespace), one map entry.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},

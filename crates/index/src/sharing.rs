@@ -1,5 +1,5 @@
 //! kcp: which resource types one wildcard watch serves for the whole shard. Pure: the hub
-//! (`crates/kube/src/hub.rs`) records each engaged logical cluster's count demand here and runs
+//! (`crates/kube/src/kcp/hub.rs`) records each engaged logical cluster's count demand here and runs
 //! a shared watch for every type [`Demand::shared`] names.
 
 use std::collections::{BTreeMap, BTreeSet};

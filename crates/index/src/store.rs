@@ -91,9 +91,9 @@ type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 /// Objects of one partition by id.
 ///
 /// Two layouts, chosen by the projection's size. Small values (count-only `()`, 8-byte
-/// service projections) sit in the hash table itself. Large ones (a pod projection is 168 B)
+/// service projections) sit in the hash table itself. Large ones (a pod projection, see `crates/quota/tests/behaviour.rs`)
 /// would waste up to half the table's slots at low load, so they are packed densely in a
-/// vector, with the table mapping id → position (12 B per slot); a remove moves the last
+/// vector, with the table mapping id → position; a remove moves the last
 /// element into the hole.
 #[derive(Debug)]
 pub enum Objects<P> {

@@ -242,11 +242,6 @@ impl Watches {
         self.running.iter()
     }
 
-    /// The watch with this id.
-    pub fn key_of(&self, id: u64) -> Option<&WatchKey> {
-        self.by_id.get(&id)
-    }
-
     /// Brings (cluster, resource)'s watches to the planner's answer: stops those no longer
     /// planned, starts new ones, fills namespaces joining a cluster-wide watch and releases
     /// those leaving it. `shared`: whether the kcp hub serves a type now.

@@ -16,8 +16,13 @@
 //! `run` loop: no locks. Metrics and readiness ask the loop for a [`Snapshot`] through a
 //! [`SnapshotHandle`]; gauges are computed then, at scrape time (`controller/view.rs`).
 
+pub(crate) mod api_changes;
 mod config;
+pub mod discovery;
+pub mod events;
+pub mod snapshot;
 mod view;
+pub mod watch;
 
 pub use config::Config;
 use config::settings;
@@ -49,16 +54,16 @@ use lazyquota_quota::Interner;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-pub use crate::snapshot::{QuotaKeyUsage, Snapshot, SnapshotHandle, WatchInfo};
+pub use crate::controller::snapshot::{QuotaKeyUsage, Snapshot, SnapshotHandle, WatchInfo};
 use crate::{
-    api_changes::api_change_stream,
-    discovery::{Discovered, discover},
-    events::Recorder,
-    members,
-    metrics::Metrics,
+    controller::api_changes::api_change_stream,
+    controller::discovery::{Discovered, discover},
+    controller::events::Recorder,
+    controller::watch::{WatchItem, WatchKey, WatchOptions, routed_api},
+    kcp::members,
     now,
-    route::{Route, Routed},
-    watch::{WatchItem, WatchKey, WatchOptions, routed_api},
+    operate::metrics::Metrics,
+    transport::route::{Route, Routed},
 };
 
 pub use lazyquota_index::planner::Mode;
@@ -119,9 +124,9 @@ pub struct Controller {
     recorder: Recorder,
     /// Events being published (at most [`MAX_PENDING_EVENTS`]).
     events: FuturesUnordered<BoxFuture<'static, ()>>,
-    requests: mpsc::Receiver<crate::snapshot::Request>,
+    requests: mpsc::Receiver<crate::controller::snapshot::Request>,
     /// kcp: the shard's shared wildcard watches.
-    hub: Option<crate::hub::Hub>,
+    hub: Option<crate::kcp::hub::Hub>,
 }
 
 fn at_now() -> Now {
@@ -178,7 +183,7 @@ impl Controller {
     /// kcp: count-only watches of types the shard's hub shares come from its shared wildcard
     /// watch instead of a watch of their own.
     #[must_use]
-    pub fn with_hub(mut self, hub: crate::hub::Hub) -> Self {
+    pub fn with_hub(mut self, hub: crate::kcp::hub::Hub) -> Self {
         let shard = self.reconciler.settings().shard;
         self.reconciler = Reconciler::new(
             settings(&self.config, shard, true),
@@ -194,7 +199,8 @@ impl Controller {
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
         let shard = self.reconciler.settings().shard;
         if self.config.streaming_lists.is_none() && !shard {
-            self.options.streaming_lists = crate::watch::probe_streaming_lists(&self.client).await;
+            self.options.streaming_lists =
+                crate::controller::watch::probe_streaming_lists(&self.client).await;
         }
         self.stats.streaming_lists = self.options.streaming_lists;
         self.stats.cluster = self.config.cluster.to_string();
@@ -210,7 +216,7 @@ impl Controller {
         .boxed();
         let mut logical_clusters = shard.then(|| members::logical_clusters(&self.client));
         let mut api_changes = api_change_stream(&self.client, &wide, self.config.kcp, &self.metrics);
-        let mut shared_set = self.hub.as_ref().map(crate::hub::Hub::changes);
+        let mut shared_set = self.hub.as_ref().map(crate::kcp::hub::Hub::changes);
         if let Some(shared) = &mut shared_set {
             self.feed(Input::SharedChanged(shared.borrow_and_update().clone()));
         }
@@ -245,10 +251,10 @@ impl Controller {
                 }
                 Some(()) = self.events.next(), if !self.events.is_empty() => {}
                 Some(request) = self.requests.recv() => match request {
-                    crate::snapshot::Request::Snapshot(reply) => {
+                    crate::controller::snapshot::Request::Snapshot(reply) => {
                         let _ = reply.send(self.snapshot());
                     }
-                    crate::snapshot::Request::Explain(reply) => {
+                    crate::controller::snapshot::Request::Explain(reply) => {
                         let _ = reply.send(self.explain());
                     }
                 },
@@ -374,7 +380,7 @@ impl Controller {
     ) {
         let (stream, abort) = match &self.hub {
             Some(hub) if shared => hub.subscribe(served, key, id),
-            _ => crate::watch::open(
+            _ => crate::controller::watch::open(
                 &self.client,
                 &self.route(&key.cluster),
                 served,
@@ -399,10 +405,11 @@ impl Controller {
         let route = self.route(&key.cluster);
         self.answers.push(
             async move {
-                let listed: kube::Result<Vec<(String, Projected)>> = crate::watch::list_namespace(
-                    &client, &route, &served, &namespace, key.need, gates, &interner,
-                )
-                .await;
+                let listed: kube::Result<Vec<(String, Projected)>> =
+                    crate::controller::watch::list_namespace(
+                        &client, &route, &served, &namespace, key.need, gates, &interner,
+                    )
+                    .await;
                 let listed = listed.map_err(|e| e.to_string());
                 Input::Filled {
                     key,

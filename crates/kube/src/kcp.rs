@@ -13,10 +13,14 @@
 //! LogicalClusters come from wildcard watches and are routed by the `kcp.io/cluster`
 //! annotation. A logical cluster costs nothing until a ResourceQuota appears in it, and then
 //! costs map entries (its quotas, its discovery, its watches), not a task or a connection:
-//! every request goes through one client of the shard's root ([`crate::route`]; over HTTP/2,
+//! every request goes through one client of the shard's root ([`crate::transport::route`]; over HTTP/2,
 //! the default, one connection per 64 open streams). When at least `shared_threshold` served
 //! clusters watch a type for counts, one shared wildcard metadata watch serves them all
-//! ([`crate::hub`]).
+//! ([`crate::kcp::hub`]).
+
+pub mod hub;
+pub mod members;
+pub mod shard;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -31,9 +35,9 @@ use tracing::{Instrument as _, info, info_span, warn};
 
 use crate::{
     controller::{self, Controller, SnapshotHandle},
-    hub::Hub,
-    metrics::Metrics,
-    shard::{Error, Shard},
+    kcp::hub::Hub,
+    kcp::shard::{Error, Shard},
+    operate::metrics::Metrics,
 };
 
 /// When an engine that failed may start again. Pure: the caller passes the time. Keyed by

@@ -1,25 +1,21 @@
 //! The IO side of lazyquota: clients, discovery, watches and status writes. Each component
 //! is a thin loop around a pure state machine from `lazyquota-index` / `lazyquota-quota`.
+//!
+//! One folder per job. `transport` uses none of the others and every other uses it; the
+//! executor and kcp's hub still call each other (the hub takes the executor's demand and feeds
+//! its watches), as do the executor and the metrics (it counts into them, they read its
+//! snapshot):
+//! - [`transport`]: the HTTP stack (deadlines, HTTP/2 connection spreading, kcp's path routing);
+//! - [`controller`]: the executor that carries the Reconciler's effects out, and its IO helpers
+//!   (watch streams, discovery, Events, the snapshot it reports);
+//! - [`kcp`]: one engine per shard (its members, its shared-watch hub, the shard's clients);
+//! - [`operate`]: what an operator sees and sets (clusters served, metrics, delegated auth,
+//!   leader election, `usage` and `explain` reports).
 
-mod api_changes;
-pub mod client;
 pub mod controller;
-pub mod deadline;
-pub mod delegated;
-pub mod discovery;
-pub mod events;
-pub mod hub;
 pub mod kcp;
-pub mod lease;
-pub mod members;
-pub mod metrics;
-pub mod report;
-pub mod route;
-pub mod shard;
-pub mod snapshot;
-pub mod source;
-pub mod spread;
-pub mod watch;
+pub mod operate;
+pub mod transport;
 
 /// The wall clock as the quota crate takes time (it has no clock of its own).
 pub fn now() -> lazyquota_quota::Time {

@@ -26,7 +26,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use crate::gates::FeatureGates;
 use crate::intern::Interner;
@@ -207,16 +207,6 @@ impl DeviceClassMap {
                 extended: extended_resource_name.map(Into::into),
             },
         );
-    }
-
-    /// Adds or replaces a class from the object.
-    pub fn apply_class(&mut self, class: &DeviceClass) {
-        let name = class.metadata.name.as_deref().unwrap_or_default();
-        let extended = class
-            .spec
-            .as_ref()
-            .and_then(|s| s.extended_resource_name.as_deref());
-        self.apply(name, extended);
     }
 
     /// Removes a class.

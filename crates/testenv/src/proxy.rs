@@ -1,7 +1,7 @@
 //! A loopback TCP proxy that cuts connections at random, for connection-fault tests.
 //!
 //! It forwards bytes untouched (TLS passes through: the apiserver's certificate is valid for
-//! 127.0.0.1 on any port). While cutting is on, each connection lives a random 100 ms–2 s and
+//! 127.0.0.1 on any port). While cutting is on, each connection lives 100 ms plus a random part of 1,900 ms and
 //! is then closed on both sides mid-stream — a watch, a list or a status write in flight.
 //! Deterministic for a seed: connection `n`'s lifetime is derived from `(seed, n)`.
 //!
@@ -164,7 +164,7 @@ mod tests {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
     /// An echo server behind the proxy: bytes pass while cutting is off; with cutting on the
-    /// connection is closed within its lifetime (≤ 2 s) and counted.
+    /// connection is closed within its lifetime and counted.
     /// A loopback echo server's address.
     async fn echo() -> SocketAddr {
         let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();

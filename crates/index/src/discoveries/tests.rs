@@ -152,7 +152,7 @@ fn op() -> impl Strategy<Value = Op> {
 proptest! {
     /// Whatever happens: never more than `max` run at once, never a cluster not scheduled,
     /// never one twice; and every scheduled cluster is due within one poll period of any
-    /// moment (nothing is forgotten), an API change within 0.3 s once a slot is free.
+    /// moment (nothing is forgotten), an API change within 300 ms once a slot is free.
     #[test]
     fn runs_are_bounded_and_no_cluster_is_forgotten(ops in proptest::collection::vec(op(), 1..200), max in 1..4_usize) {
         let t0 = Instant::now();

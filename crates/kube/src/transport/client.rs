@@ -3,8 +3,8 @@
 use std::path::{Path, PathBuf};
 
 use crate::{
-    deadline::{DeadlineLayer, Deadlines},
-    spread::Spread,
+    transport::deadline::{DeadlineLayer, Deadlines},
+    transport::spread::Spread,
 };
 use kube::{
     Client, Config,
@@ -84,7 +84,7 @@ pub enum Transport {
     Http1,
     /// HTTP/2 negotiated by ALPN: requests and watches multiplexed over one connection, as
     /// client-go does, and another connection each time every open one carries
-    /// `streams_per_connection` streams ([`crate::spread`]), so no request queues behind
+    /// `streams_per_connection` streams ([`crate::transport::spread`]), so no request queues behind
     /// watches at the server's stream limit.
     Http2 {
         /// Streams opened on one connection before another is opened.
@@ -93,10 +93,10 @@ pub enum Transport {
 }
 
 impl Default for Transport {
-    /// HTTP/2 with [`crate::spread::DEFAULT_STREAMS_PER_CONNECTION`] streams per connection.
+    /// HTTP/2 with [`crate::transport::spread::DEFAULT_STREAMS_PER_CONNECTION`] streams per connection.
     fn default() -> Self {
         Self::Http2 {
-            streams_per_connection: usize::from(crate::spread::DEFAULT_STREAMS_PER_CONNECTION),
+            streams_per_connection: usize::from(crate::transport::spread::DEFAULT_STREAMS_PER_CONNECTION),
         }
     }
 }
@@ -112,10 +112,10 @@ pub async fn connect_with(
 }
 
 /// kube's default service stack (base URI, auth, extra headers) over our own hyper client,
-/// with a deadline on every request ([`crate::deadline`]):
+/// with a deadline on every request ([`crate::transport::deadline`]):
 /// HTTP/1.1 only, or HTTP/2 offered by ALPN (with HTTP/2 keep-alive pings). Either way with
 /// `TCP_NODELAY`: hyper's connector leaves Nagle's algorithm on, and a request written as
-/// headers then body on a fresh connection then waits for the server's delayed ACK (~40 ms).
+/// headers then body on a fresh connection then waits for the server's delayed ACK.
 fn build(config: Config, transport: Transport) -> Result<Client, kube::Error> {
     let pool = Pool::new(&config, transport)?;
     pool.client(config)
@@ -155,7 +155,7 @@ type Hyper = hyper_util::client::legacy::Client<
 
 /// One connection pool shared by clients of several base URLs on one server — a kcp shard's
 /// logical clusters (`<shard>/clusters/<name>`): over HTTP/2 they all share one connection
-/// (more once it carries its share of streams: [`crate::spread`]), over HTTP/1.1 idle
+/// (more once it carries its share of streams: [`crate::transport::spread`]), over HTTP/1.1 idle
 /// connections are reused across them. TLS settings and credentials come from the
 /// configuration the pool was made with.
 #[derive(Clone)]
@@ -224,12 +224,6 @@ impl Pool {
             hyper: spread,
             deadlines: Deadlines::default(),
         })
-    }
-
-    /// The same pool with other request deadlines.
-    #[must_use]
-    pub fn with_deadlines(self, deadlines: Deadlines) -> Self {
-        Self { deadlines, ..self }
     }
 
     /// A client for `config`'s base URL over this pool's connections.

@@ -1,7 +1,7 @@
 //! Delegated authentication and authorization for `/metrics`, as KCM's secure port does:
 //! the bearer token is checked with a TokenReview, the user it names with a
 //! SubjectAccessReview for `get` on the non-resource path. Decisions are cached for a short
-//! time (a scrape every 15–30 s costs two API calls per TTL, not per scrape).
+//! time (a scraper costs two API calls per TTL, not per scrape).
 //!
 //! The cache is a pure structure ([`DecisionCache`]); [`DelegatedAuth`] is the thin IO around
 //! it. Tokens are never logged; the cache keeps them only as the key of a live entry.

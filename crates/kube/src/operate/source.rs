@@ -17,7 +17,7 @@ use std::{
 use kube::{Client, config::Kubeconfig};
 use lazyquota_index::keys::ClusterName;
 
-use crate::client::{self, Transport};
+use crate::transport::client::{self, Transport};
 
 /// Why the clusters could not be determined or reached.
 #[derive(Debug, thiserror::Error)]

@@ -1,7 +1,7 @@
 //! Events on ResourceQuotas (events.k8s.io/v1), routed to the quota's logical cluster.
 //!
 //! kube-runtime's `Recorder` writes through a client bound to one cluster; the shard's engine
-//! has one client for every logical cluster ([`crate::route`]), so it records Events itself,
+//! has one client for every logical cluster ([`crate::transport::route`]), so it records Events itself,
 //! with the same shape and the same series rule: the same Event (quota, type, reason, note)
 //! again within 6 minutes patches the first one's `series` instead of creating another.
 //!
@@ -26,7 +26,7 @@ use kube::{
 };
 use lazyquota_index::keys::{ClusterName, QuotaKey};
 
-use crate::route::{Route, Routed};
+use crate::transport::route::{Route, Routed};
 
 /// Series entries kept at most.
 pub const MAX_SERIES: usize = 1024;

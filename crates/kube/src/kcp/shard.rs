@@ -14,8 +14,8 @@ use kube::{
 use lazyquota_index::keys::ClusterName;
 
 use crate::{
-    client::{Pool, Transport},
-    source::Endpoint,
+    operate::source::Endpoint,
+    transport::client::{Pool, Transport},
 };
 
 /// The annotation kcp puts on every object with its logical cluster's name.
@@ -81,7 +81,7 @@ impl Shard {
     }
 
     /// A client of the shard's root, for requests routed to a logical cluster
-    /// ([`crate::route::Routed`]): the shard's engine needs no client per cluster.
+    /// ([`crate::transport::route::Routed`]): the shard's engine needs no client per cluster.
     pub fn root(&self) -> Result<Client, Error> {
         self.pool.client(self.config.clone()).map_err(Error::Client)
     }

@@ -14,7 +14,9 @@ use kube::{
 use lazyquota_index::keys::ClusterName;
 use tracing::warn;
 
-use crate::{members, metrics::Metrics, route::Route, watch::routed_api};
+use crate::{
+    controller::watch::routed_api, kcp::members, operate::metrics::Metrics, transport::route::Route,
+};
 
 /// One item per change of what a cluster may serve: CRDs and APIServices on Kubernetes; CRDs
 /// and APIBindings in kcp logical clusters (metadata-only watches: only the fact of a change
@@ -42,7 +44,7 @@ pub fn api_change_stream(
                 Ok(watcher::Event::InitDone) => Some(None),
                 Ok(_) => None,
                 Err(error) => {
-                    let reason = crate::watch::failure_reason(&error);
+                    let reason = crate::controller::watch::failure_reason(&error);
                     warn!(resource, reason, %error, "watch of API changes failed; retrying (discovery keeps its last answer)");
                     metrics.watch_error(resource, reason);
                     None

@@ -61,10 +61,10 @@ use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
 use crate::{
-    metrics::Metrics,
-    route::{Route, Routed},
-    shard::CLUSTER_ANNOTATION,
-    watch::{ObjectEvent, Tagged, WatchItem, WatchKey, api_resource, routed_api},
+    controller::watch::{ObjectEvent, Tagged, WatchItem, WatchKey, api_resource, routed_api},
+    kcp::shard::CLUSTER_ANNOTATION,
+    operate::metrics::Metrics,
+    transport::route::{Route, Routed},
 };
 
 /// Events a subscriber may have unread (and a joining one buffered) before it overflows.
@@ -111,8 +111,8 @@ impl Drop for AbortOnDrop {
 
 /// The sending side of a subscriber's channel, counting what its controller has not read.
 ///
-/// futures' unbounded channel, not tokio's: tokio's allocates its first block of 32 slots with
-/// the channel (32 × `size_of::<WatchItem>()`, 224 B: 7 KiB) and keeps it, which would be
+/// futures' unbounded channel, not tokio's: tokio's allocates its first block of 32 slots of
+/// `WatchItem` with the channel and keeps it, which would be
 /// the larger part of what an engaged logical cluster costs; futures' allocates a node per
 /// item in flight and one empty node at rest. Bounded by [`MAX_PENDING`] unread all the same.
 struct Sink {
@@ -211,7 +211,7 @@ impl Hub {
     }
 
     /// The share of the shared watch of `served` for `key`'s cluster (and namespace): a watch
-    /// stream like [`crate::watch::open`]'s. Dropping or aborting it unsubscribes.
+    /// stream like [`crate::controller::watch::open`]'s. Dropping or aborting it unsubscribes.
     pub fn subscribe<T: Clone + Send + 'static>(
         &self,
         served: &ServedResource,
@@ -400,7 +400,10 @@ impl State {
             Ok(watcher::Event::Delete(o)) => with_seen(&o.0, |seen| fanout.delete(seen)).unwrap_or_default(),
             Err(error) => {
                 warn!(resource = %key.0.object_count_name(), %error, "shared wildcard watch failed; retrying");
-                fanout.failed(crate::watch::failure_reason(&error), &error.to_string());
+                fanout.failed(
+                    crate::controller::watch::failure_reason(&error),
+                    &error.to_string(),
+                );
                 Vec::new()
             }
         };

@@ -7,21 +7,74 @@
 //! names, disagreements — are computed at scrape time from a [`Snapshot`].
 
 use std::sync::{
-    Arc,
+    Arc, Mutex,
     atomic::{AtomicUsize, Ordering},
 };
 
 use prometheus::{
     Encoder as _, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Registry, TextEncoder, core::Collector,
 };
 
-use crate::snapshot::Snapshot;
+use crate::controller::snapshot::Snapshot;
+
+/// A metric family as registered: what the README's metrics table is checked against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Family {
+    /// Its name.
+    pub name: String,
+    /// `counter`, `gauge` or `histogram`.
+    pub kind: &'static str,
+    /// Its label names, in order.
+    pub labels: Vec<String>,
+}
+
+/// A registry that remembers every family registered in it: `Registry::gather` leaves out a
+/// labelled family until it has a series, so it cannot list them all.
+#[derive(Clone, Default)]
+pub struct Registrar {
+    registry: Registry,
+    families: Arc<Mutex<Vec<Family>>>,
+}
+
+impl Registrar {
+    /// Registers `collector`, a `kind` of metric.
+    ///
+    /// # Panics
+    /// If a name is invalid or already registered: a programming error caught by any test
+    /// that builds the metrics.
+    pub fn register<C: Collector + Clone + 'static>(&self, kind: &'static str, collector: &C) {
+        let mut families = self.families.lock().expect("not poisoned");
+        for desc in collector.desc() {
+            families.push(Family {
+                name: desc.fq_name.clone(),
+                kind,
+                labels: desc.variable_labels.clone(),
+            });
+        }
+        self.registry
+            .register(Box::new(collector.clone()))
+            .expect("registered once");
+    }
+
+    /// What a scrape reads now (families without a series left out).
+    pub fn gather(&self) -> Vec<prometheus::proto::MetricFamily> {
+        self.registry.gather()
+    }
+
+    /// Every family registered so far.
+    ///
+    /// # Panics
+    /// Never: the lock is only held to copy.
+    pub fn families(&self) -> Vec<Family> {
+        self.families.lock().expect("not poisoned").clone()
+    }
+}
 
 /// The metrics of one lazyquota process.
 #[derive(Clone)]
 pub struct Metrics {
-    registry: Registry,
+    registry: Registrar,
     watch_events: IntCounterVec,
     relists: IntCounterVec,
     watch_errors: IntCounterVec,
@@ -59,9 +112,9 @@ pub struct Metrics {
 /// The per-quota gauges' labels.
 const QUOTA_LABELS: &[&str] = &["cluster", "namespace", "quota", "resource"];
 
-fn float_gauge_vec(registry: &Registry, name: &str, help: &str) -> GaugeVec {
+fn float_gauge_vec(registry: &Registrar, name: &str, help: &str) -> GaugeVec {
     let g = GaugeVec::new(Opts::new(name, help), QUOTA_LABELS).expect("valid metric");
-    registry.register(Box::new(g.clone())).expect("registered once");
+    registry.register("gauge", &g);
     g
 }
 
@@ -71,15 +124,15 @@ impl Default for Metrics {
     }
 }
 
-fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+fn counter(registry: &Registrar, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-    registry.register(Box::new(c.clone())).expect("registered once");
+    registry.register("counter", &c);
     c
 }
 
-fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+fn gauge_vec(registry: &Registrar, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
     let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
-    registry.register(Box::new(g.clone())).expect("registered once");
+    registry.register("gauge", &g);
     g
 }
 
@@ -88,9 +141,9 @@ fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> In
 /// # Panics
 /// If the name is invalid or already registered: a programming error caught by any test
 /// that builds the metrics.
-pub fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+pub fn gauge(registry: &Registrar, name: &str, help: &str) -> IntGauge {
     let g = IntGauge::new(name, help).expect("valid metric");
-    registry.register(Box::new(g.clone())).expect("registered once");
+    registry.register("gauge", &g);
     g
 }
 
@@ -100,7 +153,7 @@ impl Metrics {
     /// # Panics
     /// If a metric definition is invalid: a programming error caught by any test.
     pub fn new() -> Self {
-        let r = Registry::new();
+        let r = Registrar::default();
         let sync_duration = Histogram::with_opts(
             HistogramOpts::new(
                 "lazyquota_quota_sync_duration_seconds",
@@ -111,8 +164,7 @@ impl Metrics {
             ]),
         )
         .expect("valid metric");
-        r.register(Box::new(sync_duration.clone()))
-            .expect("registered once");
+        r.register("histogram", &sync_duration);
         Self {
             watch_events: counter(
                 &r,
@@ -276,7 +328,7 @@ impl Metrics {
     }
 
     /// The registry, to add process-level metrics.
-    pub fn registry(&self) -> &Registry {
+    pub fn registry(&self) -> &Registrar {
         &self.registry
     }
 
@@ -495,7 +547,7 @@ mod tests {
 
     #[test]
     fn per_quota_gauges_report_used_hard_and_ratio_up_to_the_cap() {
-        use crate::snapshot::QuotaKeyUsage;
+        use crate::controller::snapshot::QuotaKeyUsage;
         let sample = |quota: &str, resource: &str, used: Option<f64>, hard: f64| QuotaKeyUsage {
             cluster: "c".into(),
             namespace: "team".into(),

@@ -11,9 +11,9 @@ use kube::{
 use lazyquota_index::{keys::ClusterName, reconciler::ClusterEvent};
 
 use crate::{
-    route::{Route, Routed},
-    shard::{CLUSTER_ANNOTATION, PATH_ANNOTATION, logical_cluster_resource},
-    watch::routed_api,
+    controller::watch::routed_api,
+    kcp::shard::{CLUSTER_ANNOTATION, PATH_ANNOTATION, logical_cluster_resource},
+    transport::route::{Route, Routed},
 };
 
 /// The logical cluster a wildcard object belongs to (its `kcp.io/cluster` annotation).

@@ -12,7 +12,7 @@
 //! default, [`DEFAULT_STREAMS_PER_CONNECTION`], stays well below the smallest server default
 //! we know, leaving room for streams the server has not yet seen closed. A server configured
 //! lower (kube-apiserver's `--http2-max-streams-per-connection`) is asked once, at start, on a
-//! connection of its own (`crate::client`'s probe reads its SETTINGS); [`Spread::limit_to`]
+//! connection of its own (`crate::transport::client`'s probe reads its SETTINGS); [`Spread::limit_to`]
 //! then lowers the share to three quarters of what it allows.
 //!
 //! A stream is counted from the request until its response body is dropped (for a watch: the

@@ -1,12 +1,12 @@
 //! What a running controller reports — to metrics, readiness, `explain` and tests — and the
-//! handle that asks its loop for it. Plain data, apart from the controller: [`crate::metrics`]
+//! handle that asks its loop for it. Plain data, apart from the controller: [`crate::operate::metrics`]
 //! reads it without depending on the controller.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::{report::Explain, watch::WatchKey};
+use crate::{controller::watch::WatchKey, operate::report::Explain};
 
 /// What the controller reports to metrics, readiness, `explain` and tests.
 #[derive(Clone, Debug, Default)]

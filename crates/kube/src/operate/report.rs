@@ -24,7 +24,7 @@ use lazyquota_quota::{FeatureGates, Interner};
 use crate::{now, object_id};
 use serde::Serialize;
 
-use crate::discovery::{Discovered, discover};
+use crate::controller::discovery::{Discovered, discover};
 
 /// What went wrong in a report.
 #[derive(Debug, thiserror::Error)]
@@ -223,7 +223,7 @@ pub async fn explain(
     settings: PlanSettings,
     kcp: bool,
 ) -> Result<Explain, Error> {
-    let discovered = discover(client, &crate::route::Route::direct())
+    let discovered = discover(client, &crate::transport::route::Route::direct())
         .await
         .map_err(Error::Discovery)?;
     let served_all: BTreeMap<GroupResource, ServedResource> = discovered
@@ -383,7 +383,7 @@ async fn load(
     gates: FeatureGates,
     kcp: bool,
 ) -> Result<(Engine, Vec<ResourceQuota>), Error> {
-    let discovered = discover(client, &crate::route::Route::direct())
+    let discovered = discover(client, &crate::transport::route::Route::direct())
         .await
         .map_err(Error::Discovery)?;
     load_with(client, cluster, namespace, gates, discovered, true, kcp).await
@@ -409,10 +409,12 @@ async fn load_with(
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let quotas = crate::watch::list_all(&api).await.map_err(|source| Error::List {
-        what: "resourcequotas".into(),
-        source,
-    })?;
+    let quotas = crate::controller::watch::list_all(&api)
+        .await
+        .map_err(|source| Error::List {
+            what: "resourcequotas".into(),
+            source,
+        })?;
     for quota in &quotas {
         let key = QuotaKey::new(cluster, &quota.namespace().unwrap_or_default(), &quota.name_any());
         engine.apply_quota(key, quota);
@@ -436,9 +438,9 @@ async fn load_with(
                     // A namespace holds no cluster-scoped object (kcp only resolves these).
                     return Ok(Vec::new());
                 }
-                crate::watch::list_namespace(
+                crate::controller::watch::list_namespace(
                     client,
-                    &crate::route::Route::direct(),
+                    &crate::transport::route::Route::direct(),
                     served,
                     ns,
                     need,

@@ -6,11 +6,10 @@
 //!
 //! No task per watch: every stream is polled by the controller's single task (a
 //! `SelectAll`). Over HTTP/2 (the default) a watch is one stream of a shared connection
-//! (`crate::client`, `crate::spread`); over HTTP/1.1 it occupies a connection of its own for
-//! its lifetime. Each open watch keeps kube's line buffer (8 KiB, `tokio_util`'s `FramedRead`)
-//! and its watcher's state: about 12.5 KiB of heap on kube-apiserver, of which the idle HTTP/2
-//! stream is 1.7 KiB (`tests/watch_cost.rs`); ≈ 25 KiB by the kcp benchmark's slope, which is
-//! why kcp shares a type's watch from two logical clusters on (`crate::hub`).
+//! (`crate::transport::client`, `crate::transport::spread`); over HTTP/1.1 it occupies a connection of its own for
+//! its lifetime. Each open watch keeps kube's line buffer (`tokio_util`'s `FramedRead`) and its
+//! watcher's state, most of an open watch's heap (`benches/results/watch-cost.md`), which is
+//! why kcp shares a type's watch from two logical clusters on (`crate::kcp::hub`).
 
 use std::{fmt, sync::Arc};
 
@@ -39,7 +38,7 @@ use lazyquota_quota::{
 use serde::de::DeserializeOwned;
 use tracing::warn;
 
-use crate::route::{Route, Routed};
+use crate::transport::route::{Route, Routed};
 
 pub use lazyquota_index::planner::WatchKey;
 

@@ -15,7 +15,7 @@ use kube::client::{APIGroupDiscovery, APIGroupDiscoveryList};
 use lazyquota_index::{keys::GroupResource, resolver::ServedResource};
 use serde::de::DeserializeOwned;
 
-use crate::route::Route;
+use crate::transport::route::Route;
 
 pub use lazyquota_index::reconciler::Discovered;
 
