@@ -8,14 +8,15 @@
 //! - **One arena.** jemalloc gives each thread one of 4 × CPUs arenas, each keeping its own
 //!   partly filled slabs, dirty pages and metadata; every thread here allocates from the first
 //!   (the main thread, and each runtime thread as it starts). Measured at N = 400 CRDs with one
-//!   arena through `narenas:1`: about 0.9 MiB less anonymous RSS
-//!   (`benches/results/jemalloc-arena`). The threads' caches (tcache) still serve most
+//!   arena through `narenas:1`: 7.7 MiB anonymous RSS against 8.5 MiB in the same run
+//!   (`benches/results/jemalloc-arena/scale.md`). The threads' caches (tcache) still serve most
 //!   allocations without the arena's lock. jemalloc picks an arena for a thread before it can
 //!   be moved, so a runtime thread may still create one, which then stays empty (its metadata
 //!   only).
 //! - **A short decay.** Unused pages go back to the kernel after 1 s instead of 10 s, and at
-//!   once rather than through a second, "muzzy" decay. Measured at N = 400 over repeated runs:
-//!   about 1.4 MiB less anonymous RSS with the same live heap (`benches/results/jemalloc-decay`).
+//!   once rather than through a second, "muzzy" decay. Measured at N = 400 in three pairs of runs:
+//!   7.5, 7.9 and 7.6 MiB anonymous RSS against 9.6, 9.1 and 8.8 MiB with the same live heap
+//!   (`benches/results/jemalloc-decay/scale.md`).
 //!
 //! Neither is done when `_RJEM_MALLOC_CONF` is set, whatever it says: an operator who tunes
 //! jemalloc gets jemalloc's defaults plus their own options, not ours.
@@ -65,7 +66,7 @@ mod tests {
     /// `set_decay` names real options (a wrong name is an error, not a silent no-op) and sets
     /// them for the arenas that exist and those created later.
     #[test]
-    fn jemalloc_returns_unused_pages_after_one_second() {
+    fn every_arena_s_dirty_decay_is_one_second_and_muzzy_decay_zero() {
         set_decay().unwrap();
         for key in ["arenas.dirty_decay_ms\0", "arena.0.dirty_decay_ms\0"] {
             let ms: isize = key.name().read().unwrap();

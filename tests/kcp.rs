@@ -158,20 +158,37 @@ async fn becomes(process: &Lazyquota, name: &str, want: f64) -> bool {
     .is_some()
 }
 
-/// Whether shadow mode settles with no disagreement left and at least `agreements` quota
-/// computations that agreed with the stored status.
-async fn shadow_agrees(process: &Lazyquota, agreements: f64) -> bool {
+/// Whether shadow mode settles with every quota of `clusters` agreeing with the stored status:
+/// no key of theirs disagreeing and none unknown (their latest verdict is "agree"), at least
+/// `agreements` quota computations that agreed, and not one status write.
+async fn shadow_agrees(process: &Lazyquota, clusters: &[&str], agreements: f64) -> bool {
+    let ours = |line: &str| {
+        clusters
+            .iter()
+            .any(|c| line.contains(&format!("cluster=\"{c}\"")))
+    };
     eventually(WAIT, || async {
         let (_, metrics) = process.get("/metrics").await?;
-        let disagreeing = metrics
-            .lines()
-            .any(|l| l.starts_with("lazyquota_shadow_disagreements{") && !l.ends_with(" 0"));
+        let open = |family: &str| {
+            metrics
+                .lines()
+                .any(|l| l.starts_with(&format!("{family}{{")) && ours(l) && !l.ends_with(" 0"))
+        };
         let agreed = metrics
             .lines()
             .find(|l| l.starts_with("lazyquota_quota_syncs_total{result=\"shadow_agree\"}"))
             .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .unwrap_or(0.0);
-        (!disagreeing && agreed >= agreements).then_some(())
+        let written = metrics
+            .lines()
+            .filter(|l| l.starts_with("lazyquota_status_writes_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+        assert!(written <= 0.0, "shadow mode wrote {written} statuses");
+        (!open("lazyquota_shadow_disagreements")
+            && !open("lazyquota_shadow_unknown_keys")
+            && agreed >= agreements)
+            .then_some(())
     })
     .await
     .is_some()
@@ -943,9 +960,14 @@ async fn shadow_mode_agrees_with_kcps_own_quota_controller() {
         "kcp: b's delete"
     );
 
+    let clusters: Vec<&str> = fixture
+        .consumers
+        .iter()
+        .map(|(ws, _)| ws.cluster.as_str())
+        .collect();
     assert!(
-        shadow_agrees(&process, 2.0).await,
-        "shadow mode agrees with kcp; log:\n{}",
+        shadow_agrees(&process, &clusters, 2.0).await,
+        "shadow mode agrees with kcp on every quota, none unknown, nothing written; log:\n{}",
         process.log()
     );
 
@@ -1088,8 +1110,8 @@ async fn a_cluster_scoped_quota_counts_every_namespace_as_kcp_does() {
         );
     }
     assert!(
-        shadow_agrees(&process, 1.0).await,
-        "shadow mode agrees with kcp; log:\n{}",
+        shadow_agrees(&process, &[fixture.consumers[0].0.cluster.as_str()], 1.0).await,
+        "shadow mode agrees with kcp on the cluster-scoped quota, no key unknown, nothing written; log:\n{}",
         process.log()
     );
     drop(process);
@@ -1193,15 +1215,18 @@ async fn events_go_to_the_quotas_logical_cluster_and_repeats_make_a_series() {
 
     let kubeconfig = std::env::temp_dir().join(format!("{}.kubeconfig", unique_name("shard")));
     shard.shard_kubeconfig(&kubeconfig).expect("kubeconfig");
-    let config = lazyquota_kube::client::load_config(Some(&kubeconfig), None)
+    let config = lazyquota_kube::transport::client::load_config(Some(&kubeconfig), None)
         .await
         .expect("config");
-    let root =
-        lazyquota_kube::shard::Shard::new(config, shard.url(), lazyquota_kube::client::Transport::default())
-            .expect("shard")
-            .root()
-            .expect("root client");
-    let mut recorder = lazyquota_kube::events::Recorder::new(root, "test".into(), true);
+    let root = lazyquota_kube::kcp::shard::Shard::new(
+        config,
+        shard.url(),
+        lazyquota_kube::transport::client::Transport::default(),
+    )
+    .expect("shard")
+    .root()
+    .expect("root client");
+    let mut recorder = lazyquota_kube::controller::events::Recorder::new(root, "test".into(), true);
     let quota = lazyquota_index::keys::QuotaKey::new(
         &lazyquota_index::keys::ClusterName::new(&a.cluster),
         "team",
