@@ -48,6 +48,7 @@ phase "kcp build" bash tests/control-plane/kcp/build.sh >/dev/null
 phase "kcp e2e quota tests build" bash tests/control-plane/kcp/build.sh quota-e2e >/dev/null
 phase "helm build" bash tests/helm/build.sh >/dev/null
 phase "node build" bash tests/control-plane/node/build.sh >/dev/null
+phase "figures cite their result files" python3 scripts/figures.py
 phase "helm lint/template" bash tests/helm/check.sh
 phase "clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 phase "cargo-deny" bash scripts/deny.sh
