@@ -549,6 +549,9 @@ const NS_KCP: &str = "bench";
 /// APIExports of the kcp seed scenario; each workspace binds [`BOUND`] of them.
 const EXPORTS: usize = 10;
 const BOUND: usize = 5;
+/// Rounds of letting every engaged cluster go and engaging it again: what stays allocated
+/// must not grow from round to round.
+const CYCLES: usize = 8;
 
 /// The kcp hub's subscriber sink: futures' unbounded channel and an unread counter, as
 /// `crates/kube/src/kcp/hub.rs` has it (the receiver is the controller's, held here).
@@ -585,6 +588,9 @@ struct EngagedCost {
     /// Per engaged cluster by step: membership and discovery slot, discovery (resolver),
     /// quota (engine), watch (plan, hub demand, subscriber, its list).
     stages: [isize; 4],
+    /// Bytes still allocated (above the start) after each of [`CYCLES`] rounds of letting
+    /// every cluster go; every round but the last engages them all again.
+    kept: Vec<isize>,
 }
 
 /// Engages [`ENGAGED`] logical clusters as the shard's engine does when a quota appears in
@@ -629,94 +635,133 @@ fn measure_engaged() -> EngagedCost {
     let mut stages = [0_isize; 4];
     let before = HeapStats::get();
     let mut half = before.clone();
-    for (n, cluster) in clusters.iter().enumerate() {
-        if n == ENGAGED / 2 {
-            half = HeapStats::get();
-        }
-        let mine: Vec<GroupResource> = (0..BOUND).map(|b| bound[(n + b) % EXPORTS].clone()).collect();
-        let counted = &mine[0];
-        let spec = quota(NS_KCP, "widgets", &[(&counted.object_count_name(), "100")]);
-        let mut mark = HeapStats::get().curr_bytes;
-        let mut stage = |i: usize| {
-            let now = HeapStats::get().curr_bytes;
-            stages[i] += now.cast_signed() - mark.cast_signed();
-            mark = now;
-        };
-        membership.quota_applied(cluster.clone(), NS_KCP, "widgets");
-        discoveries.add(cluster.clone(), t0);
-        assert_eq!(discoveries.start_due(t0), vec![cluster.clone()]);
-        discoveries.finished(cluster, true, t0);
-        stage(0);
-        engine.discovered(cluster, support::kcp_workspace(&mine), &[]);
-        stage(1);
-        let update = engine.apply_quota(QuotaKey::new(cluster, NS_KCP, "widgets"), &spec);
-        assert!(
-            update.problems.is_empty() && update.changes.len() == 1,
-            "{update:?}"
-        );
-        drop(update);
-        stage(2);
-        watches.sync(&mut engine, cluster, counted, &|_| true, &mut out);
-        for action in out.drain(..) {
-            match action {
-                Action::Demand {
-                    cluster,
-                    resource,
-                    count,
-                } => {
-                    demand.set(&(cluster, 1), &resource, count);
+    let mut after = before.clone();
+    // Bytes above `before` after each cycle's disengaging of every cluster.
+    let mut kept = Vec::with_capacity(CYCLES);
+    for cycle in 0..=CYCLES {
+        for (n, cluster) in clusters.iter().enumerate() {
+            if cycle == 0 && n == ENGAGED / 2 {
+                half = HeapStats::get();
+            }
+            let mine: Vec<GroupResource> = (0..BOUND).map(|b| bound[(n + b) % EXPORTS].clone()).collect();
+            let counted = &mine[0];
+            let spec = quota(NS_KCP, "widgets", &[(&counted.object_count_name(), "100")]);
+            let mut mark = HeapStats::get().curr_bytes;
+            let mut stage = |i: usize| {
+                let now = HeapStats::get().curr_bytes;
+                if cycle == 0 {
+                    stages[i] += now.cast_signed() - mark.cast_signed();
                 }
-                Action::Start { id, key, shared, .. } => {
-                    assert!(shared, "a count watch of a shared type subscribes to the hub");
-                    let ready = HeapStats::get();
-                    let (tx, mut rx) = futures::channel::mpsc::unbounded();
-                    let sink = Channel {
-                        tx,
-                        unread: std::sync::Arc::default(),
-                    };
-                    let unread = sink.unread.clone();
-                    let join = fanout
-                        .subscribe(key.cluster.clone(), key.namespace.clone(), sink)
-                        .expect("a subscriber after the shared watch's list joins with a list");
-                    channels += HeapStats::get().curr_bytes - ready.curr_bytes;
-                    // Its own list (no objects) ends the join; the controller reads what the
-                    // channel carries into the watch set: the subscriber is live.
-                    assert!(
-                        fanout
-                            .joined(join.generation, Ok((Some(1), Vec::new())))
-                            .is_none()
-                    );
-                    while let Ok(item) = rx.try_recv() {
-                        unread.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-                        watches.on_item(&mut engine, id, item, now, &mut ignored);
+                mark = now;
+            };
+            membership.quota_applied(cluster.clone(), NS_KCP, "widgets");
+            discoveries.add(cluster.clone(), t0);
+            assert_eq!(discoveries.start_due(t0), vec![cluster.clone()]);
+            discoveries.finished(cluster, true, t0);
+            stage(0);
+            engine.discovered(cluster, support::kcp_workspace(&mine), &[]);
+            stage(1);
+            let update = engine.apply_quota(QuotaKey::new(cluster, NS_KCP, "widgets"), &spec);
+            assert!(
+                update.problems.is_empty() && update.changes.len() == 1,
+                "{update:?}"
+            );
+            drop(update);
+            stage(2);
+            watches.sync(&mut engine, cluster, counted, &|_| true, &mut out);
+            for action in out.drain(..) {
+                match action {
+                    Action::Demand {
+                        cluster,
+                        resource,
+                        count,
+                    } => {
+                        demand.set(&(cluster, 1), &resource, count);
                     }
-                    // What the controller would carry out: logs, metrics, the quota's computation.
-                    assert!(
-                        ignored.drain(..).all(|a| matches!(
-                            a,
-                            Action::Listing(_) | Action::Synced(_) | Action::Enqueue(_)
-                        )),
-                        "a list's items make a watch listing, synced, and its quota computed"
-                    );
-                    receivers.push((rx, unread));
+                    Action::Start { id, key, shared, .. } => {
+                        assert!(shared, "a count watch of a shared type subscribes to the hub");
+                        let ready = HeapStats::get();
+                        let (tx, mut rx) = futures::channel::mpsc::unbounded();
+                        let sink = Channel {
+                            tx,
+                            unread: std::sync::Arc::default(),
+                        };
+                        let unread = sink.unread.clone();
+                        let join = fanout
+                            .subscribe(key.cluster.clone(), key.namespace.clone(), sink)
+                            .expect("a subscriber after the shared watch's list joins with a list");
+                        if cycle == 0 {
+                            channels += HeapStats::get().curr_bytes - ready.curr_bytes;
+                        }
+                        // Its own list (no objects) ends the join; the controller reads what the
+                        // channel carries into the watch set: the subscriber is live.
+                        assert!(
+                            fanout
+                                .joined(join.generation, Ok((Some(1), Vec::new())))
+                                .is_none()
+                        );
+                        while let Ok(item) = rx.try_recv() {
+                            unread.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                            watches.on_item(&mut engine, id, item, now, &mut ignored);
+                        }
+                        // What the controller would carry out: logs, metrics, the quota's computation.
+                        assert!(
+                            ignored.drain(..).all(|a| matches!(
+                                a,
+                                Action::Listing(_) | Action::Synced(_) | Action::Enqueue(_)
+                            )),
+                            "a list's items make a watch listing, synced, and its quota computed"
+                        );
+                        receivers.push((rx, unread));
+                    }
+                    other => panic!("unexpected {other:?}"),
                 }
-                other => panic!("unexpected {other:?}"),
+            }
+            stage(3);
+        }
+        ignored.shrink_to_fit();
+        out.shrink_to_fit();
+        if cycle == 0 {
+            after = HeapStats::get();
+        }
+        assert_eq!(membership.desired().len(), ENGAGED);
+        assert_eq!(
+            watches.iter().count(),
+            ENGAGED,
+            "one count watch per engaged cluster"
+        );
+        assert_eq!(demand.clusters(&bound[0]), ENGAGED / EXPORTS);
+        let synced = watches.iter().filter(|(_, r)| r.synced).count();
+        assert_eq!(synced, ENGAGED, "every engaged cluster's watch has synced");
+        if cycle == CYCLES {
+            break;
+        }
+        // Every quota deleted: each cluster let go as the shard's engine does it, its subscriber
+        // closed (the controller drops the receiver) and pruned from the fan-out.
+        for cluster in &clusters {
+            drop(engine.delete_quota(&QuotaKey::new(cluster, NS_KCP, "widgets")));
+            membership.quota_deleted(cluster, NS_KCP, "widgets");
+            discoveries.remove(cluster);
+            watches.forget_cluster(&mut engine, cluster, &|_| true, &mut out);
+            for action in out.drain(..) {
+                match action {
+                    Action::Demand {
+                        cluster,
+                        resource,
+                        count,
+                    } => demand.set(&(cluster, 1), &resource, count),
+                    Action::Stop { .. } => {}
+                    other => panic!("unexpected {other:?} while letting a cluster go"),
+                }
             }
         }
-        stage(3);
+        receivers.clear();
+        assert!(!fanout.prune(), "every subscriber gone");
+        out.shrink_to_fit();
+        assert!(membership.desired().is_empty() && watches.iter().count() == 0);
+        kept.push(HeapStats::get().curr_bytes.cast_signed() - before.curr_bytes.cast_signed());
     }
     drop(ignored);
-    out.shrink_to_fit();
-    let after = HeapStats::get();
-    assert_eq!(membership.desired().len(), ENGAGED);
-    assert_eq!(
-        watches.iter().count(),
-        ENGAGED,
-        "one count watch per engaged cluster"
-    );
-    assert_eq!(demand.clusters(&bound[0]), ENGAGED / EXPORTS);
-    let synced = watches.iter().filter(|(_, r)| r.synced).count();
-    assert_eq!(synced, ENGAGED, "every engaged cluster's watch has synced");
     drop(profiler);
     EngagedCost {
         per_known: (known.curr_bytes - start.curr_bytes) / ENGAGED,
@@ -724,6 +769,7 @@ fn measure_engaged() -> EngagedCost {
         per_engaged_marginal: (after.curr_bytes - half.curr_bytes) / (ENGAGED - ENGAGED / 2),
         per_channel: channels / ENGAGED,
         stages: stages.map(|b| b / ENGAGED.cast_signed()),
+        kept,
     }
 }
 
@@ -929,7 +975,8 @@ fn main() {
          | by step: the first discovery (the resolver's list of interned types) | {} |\n\
          | by step: the quota in the engine (spec, demand) | {} |\n\
          | by step: the count watch (plan, hub demand, fan-out subscriber and channel, its list) | {} |\n\
-         | of which the hub subscriber's channel (futures' unbounded: sender, receiver, unread counter) | {} |\n\n\
+         | of which the hub subscriber's channel (futures' unbounded: sender, receiver, unread counter) | {} |\n\
+         | still allocated after letting all {ENGAGED} go, then engaging them again, {CYCLES} rounds (bytes above the start) | {} |\n\n\
          - Each cluster is engaged as the shard's engine does it when its first quota appears: the \
          membership takes the quota, the cluster gets a discovery slot and its first discovery (a kcp \
          v0.32.3 workspace's 40 types and {BOUND} bound ones of {EXPORTS}, interned), the engine takes \
@@ -955,6 +1002,12 @@ fn main() {
         engaged.stages[2],
         engaged.stages[3],
         engaged.per_channel,
+        engaged
+            .kept
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
         if engaged.per_engaged <= 16 * 1024 {
             "met"
         } else {
