@@ -575,6 +575,18 @@ impl Sink for Channel {
     }
 }
 
+/// Carries a watch set's `Demand` action to the hub's demand, as the executor does.
+fn record_demand(demand: &mut Demand, action: Action) {
+    if let Action::Demand {
+        cluster,
+        resource,
+        count,
+    } = action
+    {
+        demand.set(&(cluster, 1), &resource, count);
+    }
+}
+
 /// What engaging logical clusters cost the shard's engine, in dhat's live bytes.
 struct EngagedCost {
     /// Per logical cluster the shard has, engaged or not (the LogicalCluster watch's entry).
@@ -671,13 +683,7 @@ fn measure_engaged() -> EngagedCost {
             watches.sync(&mut engine, cluster, counted, &|_| true, &mut out);
             for action in out.drain(..) {
                 match action {
-                    Action::Demand {
-                        cluster,
-                        resource,
-                        count,
-                    } => {
-                        demand.set(&(cluster, 1), &resource, count);
-                    }
+                    Action::Demand { .. } => record_demand(&mut demand, action),
                     Action::Start { id, key, shared, .. } => {
                         assert!(shared, "a count watch of a shared type subscribes to the hub");
                         let ready = HeapStats::get();
@@ -745,11 +751,7 @@ fn measure_engaged() -> EngagedCost {
             watches.forget_cluster(&mut engine, cluster, &|_| true, &mut out);
             for action in out.drain(..) {
                 match action {
-                    Action::Demand {
-                        cluster,
-                        resource,
-                        count,
-                    } => demand.set(&(cluster, 1), &resource, count),
+                    Action::Demand { .. } => record_demand(&mut demand, action),
                     Action::Stop { .. } => {}
                     other => panic!("unexpected {other:?} while letting a cluster go"),
                 }

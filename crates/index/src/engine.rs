@@ -912,15 +912,6 @@ impl Engine {
             .filter(|k| !k.starts_with("count/") && !claimed.contains(*k))
             .map(|k| (*k).to_owned())
             .collect();
-        let mut sources: BTreeMap<String, Vec<GroupResource>> = BTreeMap::new();
-        for (evaluator, keys) in &plan.per_evaluator {
-            for key in keys {
-                sources
-                    .entry(key.clone())
-                    .or_default()
-                    .push(evaluator.group_resource());
-            }
-        }
         let used = plan.merge(&results);
         let decision = assemble_status(
             state.spec_hard.as_ref(),
@@ -934,7 +925,7 @@ impl Engine {
             scope_errors,
             uncomputed,
             unclaimed,
-            sources,
+            sources: KeySources(plan.per_evaluator),
         })
     }
 
@@ -1089,9 +1080,28 @@ pub struct Computed {
     /// form): their stored value is copied as upstream copies it, but it is nobody's
     /// computation, so shadow mode calls them unknown, never agreeing.
     pub unclaimed: Vec<String>,
-    /// Per key, the resources of the evaluators that compute it: the watches whose objects
-    /// it counts.
-    pub sources: BTreeMap<String, Vec<GroupResource>>,
+    /// Which evaluators compute which keys: the watches each key counts from.
+    pub sources: KeySources,
+}
+
+/// The plan's evaluators and the keys each computes, moved out of the plan rather than
+/// copied: only the catch-up rule reads it ([`KeySources::of`]).
+#[derive(Debug, Default)]
+pub struct KeySources(Vec<(Evaluator, Vec<String>)>);
+
+impl KeySources {
+    /// The resources of the evaluators that compute a key counting the same objects as `key`
+    /// (`pods` for `count/pods`): the watches whose objects it counts. `None` when no evaluator
+    /// computes such a key.
+    pub fn of(&self, key: &str) -> Option<Vec<GroupResource>> {
+        let resources: Vec<GroupResource> = self
+            .0
+            .iter()
+            .filter(|(_, keys)| keys.iter().any(|k| crate::lowering::same_objects(k, key)))
+            .map(|(evaluator, _)| evaluator.group_resource())
+            .collect();
+        (!resources.is_empty()).then_some(resources)
+    }
 }
 
 /// What a relist of the quota watch changed ([`Engine::reset_quotas`]).

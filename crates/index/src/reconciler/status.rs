@@ -9,6 +9,7 @@ use tracing::{debug, warn};
 
 use super::{Effect, FIRST_LIST_GRACE, Metric, Now, Reconciler};
 use crate::{
+    engine::KeySources,
     keys::{GroupResource, QuotaKey},
     lowering,
     mutation::{Mutation, active},
@@ -216,7 +217,7 @@ impl Reconciler {
     fn hold_until_caught_up(
         &self,
         key: &QuotaKey,
-        sources: &BTreeMap<String, Vec<GroupResource>>,
+        sources: &KeySources,
         decision: &mut lazyquota_quota::StatusDecision,
         now: Now,
     ) -> Option<std::time::Instant> {
@@ -246,17 +247,16 @@ impl Reconciler {
             .flat_map(|c| c.raised.iter().map(|(k, _)| k.as_str()))
             .collect();
         let recently_charged = |resources: &[GroupResource]| {
-            recent.iter().any(|raised| {
-                match sources.iter().find(|(k, _)| lowering::same_objects(k, raised)) {
-                    Some((_, theirs)) => theirs.iter().any(|r| resources.contains(r)),
-                    None => true, // a neighbour's key: its objects are unknown here
-                }
+            recent.iter().any(|raised| match sources.of(raised) {
+                Some(theirs) => theirs.iter().any(|r| resources.contains(r)),
+                None => true, // a neighbour's key: its objects are unknown here
             })
         };
         // Otherwise only the watches of a key's own objects can hold it back (a new key of
         // another type is not kept waiting for a quiet watch it does not read).
         let behind = |name: &str| {
-            let resources = sources.get(name).unwrap_or(&every);
+            let own = sources.of(name);
+            let resources = own.as_deref().unwrap_or(&every);
             recently_charged(resources)
                 || !self
                     .watches
