@@ -54,12 +54,13 @@ use lazyquota_quota::Interner;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-pub use crate::controller::snapshot::{QuotaKeyUsage, Snapshot, SnapshotHandle, WatchInfo};
+use api_changes::api_change_stream;
+use discovery::{Discovered, discover};
+use events::Recorder;
+pub use snapshot::{QuotaKeyUsage, Snapshot, SnapshotHandle, WatchInfo};
+use watch::{WatchItem, WatchKey, WatchOptions, routed_api};
+
 use crate::{
-    controller::api_changes::api_change_stream,
-    controller::discovery::{Discovered, discover},
-    controller::events::Recorder,
-    controller::watch::{WatchItem, WatchKey, WatchOptions, routed_api},
     kcp::members,
     now,
     operate::metrics::Metrics,
@@ -124,7 +125,7 @@ pub struct Controller {
     recorder: Recorder,
     /// Events being published (at most [`MAX_PENDING_EVENTS`]).
     events: FuturesUnordered<BoxFuture<'static, ()>>,
-    requests: mpsc::Receiver<crate::controller::snapshot::Request>,
+    requests: mpsc::Receiver<snapshot::Request>,
     /// kcp: the shard's shared wildcard watches.
     hub: Option<crate::kcp::hub::Hub>,
 }
@@ -199,8 +200,7 @@ impl Controller {
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
         let shard = self.reconciler.settings().shard;
         if self.config.streaming_lists.is_none() && !shard {
-            self.options.streaming_lists =
-                crate::controller::watch::probe_streaming_lists(&self.client).await;
+            self.options.streaming_lists = watch::probe_streaming_lists(&self.client).await;
         }
         self.stats.streaming_lists = self.options.streaming_lists;
         self.stats.cluster = self.config.cluster.to_string();
@@ -251,10 +251,10 @@ impl Controller {
                 }
                 Some(()) = self.events.next(), if !self.events.is_empty() => {}
                 Some(request) = self.requests.recv() => match request {
-                    crate::controller::snapshot::Request::Snapshot(reply) => {
+                    snapshot::Request::Snapshot(reply) => {
                         let _ = reply.send(self.snapshot());
                     }
-                    crate::controller::snapshot::Request::Explain(reply) => {
+                    snapshot::Request::Explain(reply) => {
                         let _ = reply.send(self.explain());
                     }
                 },
@@ -380,7 +380,7 @@ impl Controller {
     ) {
         let (stream, abort) = match &self.hub {
             Some(hub) if shared => hub.subscribe(served, key, id),
-            _ => crate::controller::watch::open(
+            _ => watch::open(
                 &self.client,
                 &self.route(&key.cluster),
                 served,
@@ -406,10 +406,8 @@ impl Controller {
         self.answers.push(
             async move {
                 let listed: kube::Result<Vec<(String, Projected)>> =
-                    crate::controller::watch::list_namespace(
-                        &client, &route, &served, &namespace, key.need, gates, &interner,
-                    )
-                    .await;
+                    watch::list_namespace(&client, &route, &served, &namespace, key.need, gates, &interner)
+                        .await;
                 let listed = listed.map_err(|e| e.to_string());
                 Input::Filled {
                     key,

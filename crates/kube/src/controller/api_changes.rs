@@ -44,7 +44,7 @@ pub fn api_change_stream(
                 Ok(watcher::Event::InitDone) => Some(None),
                 Ok(_) => None,
                 Err(error) => {
-                    let reason = crate::controller::watch::failure_reason(&error);
+                    let reason = super::watch::failure_reason(&error);
                     warn!(resource, reason, %error, "watch of API changes failed; retrying (discovery keeps its last answer)");
                     metrics.watch_error(resource, reason);
                     None
