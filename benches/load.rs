@@ -23,6 +23,7 @@
 )]
 
 mod common;
+use common::stats::slope;
 #[allow(dead_code)] // the benchmark uses its HTTP helpers, not the process wrapper
 #[path = "../tests/common/process.rs"]
 mod process;
@@ -148,7 +149,7 @@ async fn run(args: &Args, state: &Path) -> String {
     let mut report = String::from("# Load and soak\n\n");
     let _ = writeln!(
         report,
-        "`cargo bench --bench load -- --quotas {} --namespaces {} --objects {} --delete-rate {} --delete-seconds {} --soak {} --soak-rate {}` on the test control plane (kube-apiserver v1.36.3 and etcd on loopback), lazyquota release build, {} cores, commit `{}`.\n",
+        "`cargo bench --bench load -- --quotas {} --namespaces {} --objects {} --delete-rate {} --delete-seconds {} --soak {} --soak-rate {}` on the test control plane (kube-apiserver v1.36.3 and etcd on loopback), {}, {} cores, commit `{}`.\n",
         args.quotas,
         args.namespaces,
         args.objects,
@@ -156,6 +157,7 @@ async fn run(args: &Args, state: &Path) -> String {
         args.delete_seconds,
         args.soak_seconds,
         args.soak_rate,
+        common::binary_note(),
         std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
         common::commit(),
     );
@@ -198,7 +200,7 @@ async fn run(args: &Args, state: &Path) -> String {
     let port = process::free_port();
     let log = std::fs::File::create(state.join("logs/lazyquota-load.log")).expect("log");
     let process = Process(
-        Command::new(env!("CARGO_BIN_EXE_lazyquota"))
+        Command::new(common::lazyquota_binary())
             .args(["run", "--kubeconfig", kubeconfig.to_str().unwrap()])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
             .env("RUST_LOG", "warn")
@@ -546,19 +548,4 @@ async fn sample(port: u16, pid: u32) -> Sample {
         tasks: value("lazyquota_tokio_alive_tasks"),
         watches: value("lazyquota_active_watches"),
     }
-}
-
-/// Least-squares slope of (x, y) points; 0 with fewer than two.
-fn slope(points: impl Iterator<Item = (f64, f64)>) -> f64 {
-    let points: Vec<(f64, f64)> = points.filter(|(_, y)| y.is_finite()).collect();
-    let n = points.len() as f64;
-    if points.len() < 2 {
-        return 0.0;
-    }
-    let (sx, sy) = points.iter().fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
-    let (mx, my) = (sx / n, sy / n);
-    let (num, den) = points.iter().fold((0.0, 0.0), |(a, b), (x, y)| {
-        (a + (x - mx) * (y - my), b + (x - mx) * (x - mx))
-    });
-    if den == 0.0 { 0.0 } else { num / den }
 }

@@ -24,6 +24,7 @@
 )]
 
 mod common;
+use common::stats::{ms, percentile};
 
 use std::{
     collections::BTreeMap,
@@ -807,8 +808,8 @@ fn start(controller: Controller, kubeconfig: &Path, state: &Path) -> Process {
                 "http2"
             };
             let binary = match controller {
-                Controller::LazyBinary(_, path) => path,
-                _ => env!("CARGO_BIN_EXE_lazyquota"),
+                Controller::LazyBinary(_, path) => std::path::PathBuf::from(path),
+                _ => common::lazyquota_binary(),
             };
             let child = Command::new(binary)
                 .args([
@@ -871,20 +872,6 @@ async fn apiserver_watch_count(client: &Client) -> f64 {
         .sum()
 }
 
-fn percentile(samples: &[Duration], p: f64) -> Option<Duration> {
-    if samples.is_empty() {
-        return None;
-    }
-    let mut s = samples.to_vec();
-    s.sort_unstable();
-    let index = ((p / 100.0) * (s.len() - 1) as f64).round() as usize;
-    Some(s[index])
-}
-
-fn ms(d: Option<Duration>) -> String {
-    d.map_or_else(|| "–".into(), |d| format!("{:.0}", d.as_secs_f64() * 1000.0))
-}
-
 fn write_results(args: &Args, results: &Results) {
     let controllers = &args.controllers;
     let mut md = String::new();
@@ -900,7 +887,7 @@ fn write_results(args: &Args, results: &Results) {
          side — Go's heap in use (`go_memstats_heap_inuse_bytes`) for KCM, jemalloc's allocated bytes for \
          lazyquota — so compare RSS and anonymous RSS (`VmRSS`, `RssAnon` from /proc) across them. KCM runs with \
          `--kube-api-qps 1000 --kube-api-burst 2000` (client-go's default 20/30 would throttle it; lazyquota has \
-         no client-side limiter). The order of the controllers is reversed at every other N. Commit: `{}`.\n",
+         no client-side limiter). The order of the controllers is reversed at every other N. {}. Commit: `{}`.\n",
         std::env::args()
             .skip(1)
             .filter(|a| a != "--bench")
@@ -913,6 +900,7 @@ fn write_results(args: &Args, results: &Results) {
         args.namespaces,
         args.objects_per_crd,
         args.constrained,
+        common::binary_note(),
         common::commit(),
     );
     let _ = writeln!(

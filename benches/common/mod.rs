@@ -1,6 +1,9 @@
 //! Shared by the control-plane benchmarks: one control plane of their own, started and stopped
 //! with the test scripts.
 
+#[allow(dead_code)] // each benchmark uses some of them
+pub mod stats;
+
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
@@ -68,5 +71,46 @@ pub fn commit() -> String {
     } else {
         let paths: Vec<&str> = dirty.lines().map(|l| l.get(3..).unwrap_or(l)).collect();
         format!("{head}-dirty (modified: {})", paths.join(", "))
+    }
+}
+
+/// The lazyquota binary a benchmark runs: `LAZYQUOTA_BIN` when set (CI points it at the release
+/// build while the harness itself is built with the cheaper test profile), else the one cargo
+/// built beside this benchmark with the same profile (`cargo bench`: the release settings).
+pub fn lazyquota_binary() -> PathBuf {
+    // `option_env!`: the heap benchmark of crates/index includes this module too, and cargo
+    // defines the variable only for the root package's benchmarks.
+    if let Some(path) = std::env::var_os("LAZYQUOTA_BIN") {
+        return PathBuf::from(path);
+    }
+    match option_env!("CARGO_BIN_EXE_lazyquota") {
+        Some(path) => PathBuf::from(path),
+        None => {
+            panic!("no lazyquota binary: set LAZYQUOTA_BIN (this benchmark is not the lazyquota package's)")
+        }
+    }
+}
+
+/// One sentence for a result file: which lazyquota binary was measured and how it was built.
+/// A debug build's memory and latency are not lazyquota's: the sentence says so.
+pub fn binary_note() -> String {
+    let harness = if cfg!(debug_assertions) {
+        "the harness is a test-profile build"
+    } else {
+        "the harness is a bench-profile build"
+    };
+    match std::env::var_os("LAZYQUOTA_BIN") {
+        Some(path) => format!(
+            "lazyquota: `{}` (`LAZYQUOTA_BIN`); {harness}",
+            Path::new(&path).display()
+        ),
+        None if cfg!(debug_assertions) => format!(
+            "lazyquota: a **debug build** (`CARGO_BIN_EXE_lazyquota` of the test profile) — its memory and \
+             latency figures are not a release build's; {harness}"
+        ),
+        None => format!(
+            "lazyquota: the bench profile's build of the working tree (`CARGO_BIN_EXE_lazyquota`, the \
+             release settings); {harness}"
+        ),
     }
 }

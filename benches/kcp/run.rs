@@ -1,0 +1,319 @@
+//! The whole run: the steps in order, each configuration read at each, the latency samples
+//! and the exact-heap series.
+
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use futures::{StreamExt as _, stream};
+
+use crate::plan::{Args, Config, ENGAGED, NS, Plan, Results, SAMPLE, STANDING};
+use crate::report::{machine_facts, write_results};
+use crate::scenario::{
+    bind_step, close, create_exports, create_quotas, create_to_status, create_workspaces, delete_quota, gone,
+    lq_until, reset_status, settle, synced,
+};
+use crate::shard::{Lazyquota, Shard, call, quota_body, start_kcp};
+
+pub(crate) async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
+    let plan = Plan::new(args);
+    let mut res = Results {
+        machine: machine_facts(),
+        ..Results::default()
+    };
+    let last = plan.steps.len() - 1;
+    eprintln!(
+        "kcp: W={} consumers, E={} exports in P={} providers, K={} bindings each (steps {:?}), {} quota'd, state {}",
+        args.workspaces,
+        args.exports,
+        args.providers,
+        args.bindings_per_workspace,
+        plan.steps,
+        plan.quotaed.len(),
+        dir.display()
+    );
+
+    let t = Instant::now();
+    let mut shard = start_kcp(dir, false, false).await;
+    res.timeline.push(("kcp started (empty)".into(), t.elapsed()));
+    res.kcp_version = call(&shard.root, "GET", "/version", None)
+        .await
+        .ok()
+        .and_then(|v| v["gitVersion"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    res.gc_forced = shard.force_gc().await;
+
+    let t = Instant::now();
+    let providers = create_workspaces(&shard, &plan.providers, args.concurrency).await;
+    create_exports(&shard, &plan, args.concurrency).await;
+    res.timeline.push((
+        format!(
+            "{} provider workspaces and {} APIExports",
+            providers.len(),
+            plan.exports.len()
+        ),
+        t.elapsed(),
+    ));
+    let t = Instant::now();
+    let by_name = create_workspaces(&shard, &plan.consumers, args.concurrency).await;
+    let clusters: Vec<String> = plan.consumers.iter().map(|n| by_name[n].clone()).collect();
+    res.timeline.push((
+        format!("{} consumer workspaces Ready and serving", clusters.len()),
+        t.elapsed(),
+    ));
+    eprintln!("kcp: workspaces ready after {:?}", started.elapsed());
+
+    for s in 0..plan.steps.len() {
+        let b = plan.steps[s] * plan.consumers.len();
+        let standing = plan.standing(s);
+        if s > 0 {
+            // kcp runs without its quota controller and nothing else writes: the new data
+            // first, then the new standing quotas (quota admission needs a status for them).
+            let mut timeline = Vec::new();
+            bind_step(
+                &shard,
+                &plan,
+                &clusters,
+                (plan.steps[s - 1], plan.steps[s]),
+                args,
+                &mut timeline,
+            )
+            .await;
+            res.timeline.extend(timeline);
+            for (i, key) in plan.standing(s).iter().skip(plan.standing(s - 1).len()) {
+                call(
+                    &shard.root,
+                    "POST",
+                    &format!("/clusters/{}/api/v1/namespaces/{NS}/resourcequotas", clusters[*i]),
+                    Some(&quota_body(STANDING, key)),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("standing quota in root:c-{i:04}: {e}"));
+            }
+        }
+        reset_status(&shard, &clusters, &standing, args.concurrency).await;
+        eprintln!("kcp: B={b}: data ready after {:?}", started.elapsed());
+
+        // 1: kcp with its quota controller, restarted on the data.
+        let t = Instant::now();
+        shard = start_kcp(dir, true, true).await;
+        res.timeline
+            .push((format!("B={b}: kcp restarted, quota on"), t.elapsed()));
+        let patience = Duration::from_secs(300 + standing.len() as u64);
+        let first = synced(
+            &shard,
+            &clusters,
+            (STANDING, &standing),
+            args.objects,
+            patience,
+            "kcp's quota controller",
+            None,
+        )
+        .await;
+        if !standing.is_empty() {
+            res.first_sync.insert((s, Config::KcpQuota), first);
+        }
+        let reading = settle(&mut shard, None, args, args.settle).await;
+        eprintln!("kcp: B={b} {}: {reading:?}", Config::KcpQuota.name());
+        res.readings.insert((s, Config::KcpQuota), reading);
+        if s > 0 {
+            let mut samples = Vec::new();
+            for &i in &plan.samplers {
+                samples
+                    .push(create_to_status(&shard, &clusters[i], &plan.key(i, 0), args.objects, "kcp").await);
+                delete_quota(&shard, &clusters[i], SAMPLE).await;
+                gone(&shard, &clusters[i], SAMPLE).await;
+            }
+            res.create.insert((s, Config::KcpQuota), samples);
+        }
+
+        // 2: the same data, kcp without its quota controller.
+        let t = Instant::now();
+        shard = start_kcp(dir, false, true).await;
+        res.timeline
+            .push((format!("B={b}: kcp restarted, quota off"), t.elapsed()));
+        // The same writes as in 1 and 3 (kcp's quota admission keeps per-workspace state for
+        // every workspace written to since the start): status.used to 0 for lazyquota's first sync.
+        reset_status(&shard, &clusters, &standing, args.concurrency).await;
+        let reading = settle(&mut shard, None, args, args.settle).await;
+        eprintln!("kcp: B={b} {}: {reading:?}", Config::KcpOnly.name());
+        res.readings.insert((s, Config::KcpOnly), reading);
+
+        // 3: lazyquota on the shard (kcp's quota controller still off, nothing wrote since).
+        let mut lq = Lazyquota::start(&shard, dir, bin, &format!("b{b}"), args.shared_threshold, None);
+        let first = synced(
+            &shard,
+            &clusters,
+            (STANDING, &standing),
+            args.objects,
+            patience,
+            "lazyquota",
+            Some(&mut lq),
+        )
+        .await;
+        if !standing.is_empty() {
+            res.first_sync.insert((s, Config::Lazyquota), first);
+        }
+        let quota_count = standing.len() as f64;
+        lq_until(&mut lq, "engaging the quota'd workspaces", |e, _| {
+            close(e, quota_count)
+        })
+        .await;
+        let reading = settle(&mut shard, Some(&mut lq), args, args.lq_settle.max(args.settle)).await;
+        eprintln!("kcp: B={b} {}: {reading:?}", Config::Lazyquota.name());
+        res.readings.insert((s, Config::Lazyquota), reading);
+        if s > 0 {
+            let (mut creates, mut disengages, mut releases, mut opened) = (vec![], vec![], vec![], 0);
+            for &i in &plan.samplers {
+                let (engaged, watches) = lq.engagement().await.expect("lazyquota metrics");
+                creates.push(
+                    create_to_status(&shard, &clusters[i], &plan.key(i, 0), args.objects, "lazyquota").await,
+                );
+                if lq.engagement().await.is_some_and(|(_, w)| w > watches) {
+                    opened += 1;
+                }
+                let t = Instant::now();
+                delete_quota(&shard, &clusters[i], SAMPLE).await;
+                lq_until(
+                    &mut lq,
+                    "disengaging a workspace whose quota was deleted",
+                    |e, _| close(e, engaged),
+                )
+                .await;
+                disengages.push(t.elapsed());
+                lq_until(
+                    &mut lq,
+                    "releasing the watch of a disengaged workspace",
+                    |_, w| w <= watches + 0.5,
+                )
+                .await;
+                releases.push(t.elapsed());
+                gone(&shard, &clusters[i], SAMPLE).await;
+            }
+            res.create.insert((s, Config::Lazyquota), creates);
+            res.disengage.insert(s, disengages);
+            res.release.insert(s, releases);
+            res.opened.insert(s, opened);
+        }
+        if s == last {
+            // Fewer quota'd workspaces, same bindings: lazyquota's cost per engaged workspace.
+            // Read again after the latency samples: kcp's quota admission keeps per-workspace
+            // state (evaluator goroutines) for the workspaces the samples touched.
+            let again = settle(&mut shard, Some(&mut lq), args, args.lq_settle.max(args.settle)).await;
+            eprintln!("kcp: B={b} lazyquota after the samples: {again:?}");
+            res.sweep.push((standing.len(), again));
+            let mut levels = vec![standing.len() / 2, 0];
+            levels.dedup();
+            let mut left = standing.len();
+            for level in levels {
+                if level >= left {
+                    continue;
+                }
+                while left > level {
+                    left -= 1;
+                    delete_quota(&shard, &clusters[standing[left].0], STANDING).await;
+                }
+                let want = left as f64;
+                lq_until(&mut lq, "disengaging deleted quotas' workspaces", |e, _| {
+                    close(e, want)
+                })
+                .await;
+                let reading = settle(&mut shard, Some(&mut lq), args, args.settle).await;
+                eprintln!("kcp: B={b} lazyquota with {left} quota'd workspaces: {reading:?}");
+                res.sweep.push((left, reading));
+            }
+        }
+        drop(lq);
+        if s == last && args.exact_steps > 0 {
+            let t = Instant::now();
+            exact_series(&mut shard, &plan, &clusters, args, dir, bin, &mut res).await;
+            res.timeline
+                .push((format!("B={b}: exact-heap series"), t.elapsed()));
+        }
+        res.done = s == last;
+        write_results(args, &plan, &res, started);
+    }
+}
+
+/// The exact-heap series, at the last step once the standing quotas are gone: a new lazyquota
+/// with jemalloc's thread caches off (`_RJEM_MALLOC_CONF=tcache:false`), so that
+/// `stats.allocated` counts exactly the bytes the program holds (with caches on, freed objects
+/// parked in a thread's cache count as allocated, and how many are parked moves from one
+/// reading to the next by more than the figure sought). One warm-up engagement (consumer 0,
+/// then deleted), then a quota `engaged` in the first 0, W/n, …, W consumers (consumer i on
+/// its binding i mod K, so the types are spread), read at each level; then every one deleted
+/// and read again.
+pub(crate) async fn exact_series(
+    shard: &mut Shard,
+    plan: &Plan,
+    clusters: &[String],
+    args: &Args,
+    dir: &Path,
+    bin: &Path,
+    res: &mut Results,
+) {
+    let k = plan.per_workspace;
+    let quotas: Vec<(usize, String)> = (0..clusters.len()).map(|i| (i, plan.key(i, i % k))).collect();
+    let mut lq = Lazyquota::start(
+        shard,
+        dir,
+        bin,
+        "exact",
+        args.shared_threshold,
+        Some("tcache:false"),
+    );
+    let patience = Duration::from_secs(300 + quotas.len() as u64);
+    let who = "lazyquota (exact heap)";
+    // The warm-up also proves lazyquota listed the shard before the first reading.
+    create_quotas(shard, clusters, &quotas[..1], args.concurrency).await;
+    synced(
+        shard,
+        clusters,
+        (ENGAGED, &quotas[..1]),
+        args.objects,
+        patience,
+        who,
+        Some(&mut lq),
+    )
+    .await;
+    delete_quota(shard, &clusters[0], ENGAGED).await;
+    lq_until(&mut lq, "disengaging the warm-up workspace", |e, _| close(e, 0.0)).await;
+    let fixed = args.lq_settle.max(args.settle);
+    let mut done = 0;
+    for step in 0..=args.exact_steps {
+        let level = step * quotas.len() / args.exact_steps;
+        create_quotas(shard, clusters, &quotas[done..level], args.concurrency).await;
+        done = level;
+        synced(
+            shard,
+            clusters,
+            (ENGAGED, &quotas[..level]),
+            args.objects,
+            patience,
+            who,
+            Some(&mut lq),
+        )
+        .await;
+        let want = level as f64;
+        lq_until(&mut lq, "engaging the exact series' workspaces", |e, _| {
+            close(e, want)
+        })
+        .await;
+        let reading = settle(shard, Some(&mut lq), args, fixed).await;
+        eprintln!("kcp: exact heap, {level} engaged: {reading:?}");
+        res.exact.push((level, reading));
+    }
+    stream::iter(&quotas[..done])
+        .for_each_concurrent(args.concurrency, |(i, _)| {
+            delete_quota(shard, &clusters[*i], ENGAGED)
+        })
+        .await;
+    lq_until(&mut lq, "disengaging the exact series' workspaces", |e, _| {
+        close(e, 0.0)
+    })
+    .await;
+    let after = settle(shard, Some(&mut lq), args, fixed).await;
+    eprintln!("kcp: exact heap, all deleted again: {after:?}");
+    res.exact_after = Some(after);
+}

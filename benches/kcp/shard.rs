@@ -1,0 +1,349 @@
+//! The shard and the lazyquota under test: starting them, talking to them, reading their
+//! figures (metrics, /proc, sockets).
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use kube::{
+    Client,
+    config::{KubeConfigOptions, Kubeconfig},
+};
+use serde_json::{Value, json};
+
+use crate::plan::{HARD, KcpFigures, LqFigures, NS, repo};
+
+/// A started shard: its facts and two clients at its root (paths carry `/clusters/<c>`).
+pub(crate) struct Shard {
+    pub(crate) url: String,
+    pub(crate) port: String,
+    pub(crate) pid: u32,
+    pub(crate) kubeconfig: PathBuf,
+    /// kcp-admin (context `base`): creates workspaces, exports, bindings, objects.
+    pub(crate) admin: Client,
+    /// shard-admin (context `shard-base`): wildcard lists, /metrics, quotas and their status.
+    pub(crate) root: Client,
+}
+
+pub(crate) fn facts(dir: &Path) -> BTreeMap<String, String> {
+    std::fs::read_to_string(dir.join("env"))
+        .unwrap_or_else(|e| panic!("{}/env: {e}", dir.display()))
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
+        .collect()
+}
+
+pub(crate) async fn root_client(kubeconfig: &Path, context: &str, url: &str) -> Client {
+    let options = KubeConfigOptions {
+        context: Some(context.to_owned()),
+        ..KubeConfigOptions::default()
+    };
+    let mut config = kube::Config::from_custom_kubeconfig(
+        Kubeconfig::read_from(kubeconfig).expect("kcp's admin kubeconfig"),
+        &options,
+    )
+    .await
+    .expect("client configuration");
+    config.cluster_url = url.parse().expect("shard URL");
+    Client::try_from(config).expect("client")
+}
+
+/// (Re)starts the shard of `dir` with start.sh and returns it with fresh clients (a restart
+/// changes the port and the kcp-admin token).
+pub(crate) async fn start_kcp(dir: &Path, quota: bool, keep: bool) -> Shard {
+    let out = tokio::process::Command::new("bash")
+        .arg(repo().join("tests/control-plane/kcp/start.sh"))
+        .env("LAZYQUOTA_KCP_DIR", dir)
+        .env("LAZYQUOTA_KCP_QUOTA", if quota { "on" } else { "off" })
+        .env("LAZYQUOTA_KCP_KEEP_DATA", if keep { "1" } else { "0" })
+        .env("LAZYQUOTA_KCP_TIMEOUT", "900")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .expect("start.sh");
+    assert!(
+        out.status.success(),
+        "kcp did not start in {}:\n{}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let f = facts(dir);
+    let url = f["LAZYQUOTA_KCP_URL"].clone();
+    let kubeconfig = PathBuf::from(&f["LAZYQUOTA_KCP_KUBECONFIG"]);
+    Shard {
+        port: url.rsplit(':').next().expect("port").to_owned(),
+        pid: f["LAZYQUOTA_KCP_PID"].parse().expect("pid"),
+        admin: root_client(&kubeconfig, "base", &url).await,
+        root: root_client(&kubeconfig, "shard-base", &url).await,
+        kubeconfig,
+        url,
+    }
+}
+
+pub(crate) async fn call(
+    client: &Client,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<Value, kube::Error> {
+    let builder = http::Request::builder().method(method).uri(path);
+    let request = match body {
+        Some(b) => builder
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(b).expect("JSON")),
+        None => builder.body(Vec::new()),
+    }
+    .expect("request");
+    client.request::<Value>(request).await
+}
+
+/// POST that treats "already exists" as done, retried on other errors for up to `patience`.
+pub(crate) async fn create(
+    client: &Client,
+    path: &str,
+    body: &Value,
+    patience: Duration,
+) -> Result<(), String> {
+    let deadline = Instant::now() + patience;
+    loop {
+        let error = match call(client, "POST", path, Some(body)).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => return Ok(()),
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() >= deadline {
+            return Err(format!("POST {path}: {error}"));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+pub(crate) fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+pub(crate) fn metric_sum(text: &str, name: &str, label: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .fold(0.0, |a, b| a + b)
+}
+
+pub(crate) fn proc_status(pid: u32, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))?
+                .split_whitespace()
+                .nth(1)?
+                .parse::<f64>()
+                .ok()
+        })
+        .map_or(f64::NAN, |kib| kib * 1024.0)
+}
+
+/// Established TCP connections from `pid` to `port`.
+pub(crate) fn connections(pid: u32, port: &str) -> f64 {
+    port.parse().map_or(f64::NAN, |port| {
+        lazyquota_testenv::established_connections(pid, port) as f64
+    })
+}
+
+impl Shard {
+    pub(crate) async fn metrics(&self) -> String {
+        let request = http::Request::get("/metrics").body(Vec::new()).expect("request");
+        self.root.request_text(request).await.expect("kcp /metrics")
+    }
+
+    /// Runs a garbage collection in kcp (`/debug/pprof/heap?gc=1`, the apiserver's profiling
+    /// endpoint), so that heap figures are read right after a GC rather than wherever the GC
+    /// cycle happens to be. Whether it answered.
+    pub(crate) async fn force_gc(&self) -> bool {
+        let request = http::Request::get("/debug/pprof/heap?gc=1")
+            .body(kube::client::Body::from(Vec::new()))
+            .expect("request");
+        match self.root.send(request).await {
+            Ok(response) => {
+                let ok = response.status().is_success();
+                let _ = response.into_body().collect_bytes().await;
+                ok
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// New clients: the old ones' idle connections (each a goroutine in kcp) closed before a
+    /// reading.
+    pub(crate) async fn refresh(&mut self) {
+        self.admin = root_client(&self.kubeconfig, "base", &self.url).await;
+        self.root = root_client(&self.kubeconfig, "shard-base", &self.url).await;
+    }
+
+    pub(crate) async fn figures(&self) -> KcpFigures {
+        self.force_gc().await;
+        let text = self.metrics().await;
+        KcpFigures {
+            goroutines: metric(&text, "go_goroutines"),
+            heap: metric(&text, "go_memstats_heap_inuse_bytes"),
+            live: metric(&text, "go_gc_heap_live_bytes"),
+            rss_metric: metric(&text, "process_resident_memory_bytes"),
+            vmrss: proc_status(self.pid, "VmRSS:"),
+            anon: proc_status(self.pid, "RssAnon:"),
+            watches: metric_sum(&text, "apiserver_longrunning_requests", "verb=\"WATCH\""),
+        }
+    }
+
+    /// Every ResourceQuota of the shard: (logical cluster, namespace, name) → the quota.
+    pub(crate) async fn all_quotas(&self) -> BTreeMap<(String, String, String), Value> {
+        let list = call(&self.root, "GET", "/clusters/*/api/v1/resourcequotas", None)
+            .await
+            .expect("wildcard list of ResourceQuotas");
+        list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|q| {
+                let m = &q["metadata"];
+                Some((
+                    (
+                        m["annotations"]["kcp.io/cluster"].as_str()?.to_owned(),
+                        m["namespace"].as_str()?.to_owned(),
+                        m["name"].as_str()?.to_owned(),
+                    ),
+                    q.clone(),
+                ))
+            })
+            .collect()
+    }
+}
+
+pub(crate) fn quota_path(cluster: &str, name: &str) -> String {
+    format!("/clusters/{cluster}/api/v1/namespaces/{NS}/resourcequotas/{name}")
+}
+
+pub(crate) fn quota_body(name: &str, key: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": name},
+           "spec": {"hard": {key: HARD}}})
+}
+
+pub(crate) fn used(quota: &Value, key: &str) -> Option<u64> {
+    quota["status"]["used"][key].as_str()?.parse().ok()
+}
+
+/// lazyquota against the shard, stopped when dropped.
+pub(crate) struct Lazyquota {
+    pub(crate) child: Child,
+    pub(crate) metrics: Client,
+    pub(crate) log: PathBuf,
+}
+
+impl Drop for Lazyquota {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        for _ in 0..100 {
+            if self.child.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Lazyquota {
+    /// Starts lazyquota against the shard; `malloc_conf`, if given, is jemalloc's
+    /// `_RJEM_MALLOC_CONF` (lazyquota then keeps jemalloc's defaults plus that).
+    pub(crate) fn start(
+        shard: &Shard,
+        dir: &Path,
+        bin: &Path,
+        label: &str,
+        shared_threshold: usize,
+        malloc_conf: Option<&str>,
+    ) -> Self {
+        // The admin kubeconfig with the shard admin as its current context (wildcard requests).
+        let kubeconfig = dir.join("lazyquota.kubeconfig");
+        lazyquota_testenv::kcp::write_shard_kubeconfig(&shard.kubeconfig, &kubeconfig)
+            .expect("lazyquota kubeconfig");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("bind")
+            .local_addr()
+            .expect("addr")
+            .port();
+        let log = dir.join(format!("logs/lazyquota-{label}.log"));
+        let mut command = Command::new(bin);
+        if let Some(conf) = malloc_conf {
+            command.env("_RJEM_MALLOC_CONF", conf);
+        }
+        let child = command
+            .arg("run")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["--kcp-shard-url", &shard.url])
+            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .args(["--kcp-shared-watch-threshold", &shared_threshold.to_string()])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("lazyquota log"))
+            .spawn()
+            .expect("lazyquota");
+        let metrics = Client::try_from(kube::Config::new(
+            format!("http://127.0.0.1:{port}").parse().expect("url"),
+        ))
+        .expect("metrics client");
+        Self { child, metrics, log }
+    }
+
+    pub(crate) fn alive(&mut self) {
+        if let Some(status) = self.child.try_wait().ok().flatten() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            panic!(
+                "lazyquota exited ({status}); last lines of {}:\n{}",
+                self.log.display(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+    }
+
+    pub(crate) async fn text(&self) -> Option<String> {
+        let request = http::Request::get("/metrics").body(Vec::new()).expect("request");
+        self.metrics.request_text(request).await.ok()
+    }
+
+    pub(crate) async fn figures(&self, shard: &Shard) -> LqFigures {
+        let text = self.text().await.unwrap_or_default();
+        let pid = self.child.id();
+        LqFigures {
+            tasks: metric(&text, "lazyquota_tokio_alive_tasks"),
+            heap: metric(&text, "lazyquota_jemalloc_allocated_bytes"),
+            vmrss: proc_status(pid, "VmRSS:"),
+            anon: proc_status(pid, "RssAnon:"),
+            connections: connections(pid, &shard.port),
+            watches: metric_sum(&text, "lazyquota_active_watches", ""),
+            engaged: metric(&text, "lazyquota_kcp_engaged_clusters"),
+            shared: metric(&text, "lazyquota_kcp_shared_watches"),
+        }
+    }
+
+    /// (engaged clusters, open watches) now.
+    pub(crate) async fn engagement(&self) -> Option<(f64, f64)> {
+        let text = self.text().await?;
+        let engaged = metric(&text, "lazyquota_kcp_engaged_clusters");
+        (!engaged.is_nan()).then(|| (engaged, metric_sum(&text, "lazyquota_active_watches", "")))
+    }
+}
