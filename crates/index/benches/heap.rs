@@ -866,7 +866,7 @@ fn report(cfg: &Config, pods: &Measured, claims: &Measured, counts: &Measured) -
     let _ = writeln!(out, "Measured at commit `{}`.\n", common::commit());
     let _ = writeln!(
         out,
-        "`{}cargo bench -p lazyquota-index --bench heap` ({} objects per case, spread over {} namespaces).\n",
+        "`{}cargo bench -p lazyquota-index --bench heap` ({} objects per case, spread over {} namespaces){}.\n",
         if cfg.objects == DEFAULT_OBJECTS {
             String::new()
         } else {
@@ -874,6 +874,12 @@ fn report(cfg: &Config, pods: &Measured, claims: &Measured, counts: &Measured) -
         },
         thousands(cfg.objects),
         cfg.namespaces,
+        // Bytes do not depend on the profile; compute times do.
+        if cfg!(debug_assertions) {
+            "; a test-profile build (`cargo test --bench heap`): its compute times are not a release build's"
+        } else {
+            ""
+        },
     );
     let _ = writeln!(
         out,
