@@ -168,6 +168,9 @@ impl Reconciler {
             for key in reset.respecified {
                 self.engine.note_spec(&key, at);
             }
+            for key in reset.renewed {
+                self.forget_books(&key);
+            }
         }
         for (key, entry) in self.engine.index.quotas() {
             for problem in &entry.payload.spec.problems {
@@ -178,8 +181,7 @@ impl Reconciler {
             if self.engine.index.get(&key).is_none() {
                 // Deleted while the watch was down: as `delete_quota` forgets it.
                 self.queue.remove(&key);
-                let name = key.to_string();
-                self.books.forget_quotas(|q| q == name);
+                self.forget_books(&key);
             }
         }
         self.apply_demand(&changes, now);
@@ -191,10 +193,16 @@ impl Reconciler {
     pub(super) fn delete_quota(&mut self, key: &QuotaKey, now: Now) {
         let changes = self.engine.delete_quota(key);
         self.queue.remove(key);
-        let name = key.to_string();
-        self.books.forget_quotas(|q| q == name);
+        self.forget_books(key);
         self.apply_demand(&changes, now);
         debug!(quota = %key, "quota deleted");
+    }
+
+    /// Forgets the shadow verdicts and withheld keys recorded for a quota that is gone or
+    /// was replaced by another object of its name.
+    fn forget_books(&mut self, key: &QuotaKey) {
+        let name = key.to_string();
+        self.books.forget_quotas(|q| q == name);
     }
 
     pub(super) fn apply_quota(&mut self, quota: &ResourceQuota, now: Now) {
@@ -217,6 +225,10 @@ impl Reconciler {
             .get(&key)
             .and_then(|e| e.payload.resource_version.clone());
         let update = self.engine.apply_quota(key.clone(), quota);
+        if update.renewed {
+            debug!(quota = %key, uid = ?quota.metadata.uid, "another object under a known quota's name; nothing of the old one carries over");
+            self.forget_books(&key);
+        }
         if quota.metadata.resource_version != before {
             // A change (our own write's echo is recorded already).
             let at = self.ms(now.instant);
