@@ -524,24 +524,8 @@ async fn sample(port: u16, pid: u32) -> Sample {
         .await
         .map(|(_, body)| body)
         .unwrap_or_default();
-    let value = |name: &str| -> f64 {
-        metrics
-            .lines()
-            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
-    let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))?
-                .split_whitespace()
-                .nth(1)?
-                .parse::<f64>()
-                .ok()
-        })
-        .map_or(f64::NAN, |kib| kib * 1024.0);
+    let value = |name: &str| common::readings::metric_sum(&metrics, name, "");
+    let rss = common::readings::proc_status(pid, "VmRSS:");
     Sample {
         rss,
         heap: value("lazyquota_jemalloc_allocated_bytes"),

@@ -2,6 +2,8 @@
 //! with the test scripts.
 
 #[allow(dead_code)] // each benchmark uses some of them
+pub mod readings;
+#[allow(dead_code)] // each benchmark uses some of them
 pub mod stats;
 
 use std::{

@@ -14,6 +14,7 @@ use kube::{
 };
 use serde_json::{Value, json};
 
+use crate::common::readings::{connections, metric, metric_sum, proc_status};
 use crate::plan::{HARD, KcpFigures, LqFigures, NS, repo};
 
 /// A started shard: its facts and two clients at its root (paths carry `/clusters/<c>`).
@@ -120,41 +121,6 @@ pub(crate) async fn create(
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-}
-
-pub(crate) fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(f64::NAN)
-}
-
-pub(crate) fn metric_sum(text: &str, name: &str, label: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']) && l.contains(label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .fold(0.0, |a, b| a + b)
-}
-
-pub(crate) fn proc_status(pid: u32, field: &str) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))?
-                .split_whitespace()
-                .nth(1)?
-                .parse::<f64>()
-                .ok()
-        })
-        .map_or(f64::NAN, |kib| kib * 1024.0)
-}
-
-/// Established TCP connections from `pid` to `port`.
-pub(crate) fn connections(pid: u32, port: &str) -> f64 {
-    port.parse().map_or(f64::NAN, |port| {
-        lazyquota_testenv::established_connections(pid, port) as f64
-    })
 }
 
 impl Shard {

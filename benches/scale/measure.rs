@@ -1,0 +1,209 @@
+//! One measurement of one controller at one N: first sync, the steady state, and the latency
+//! samples (a new quota, a delete), each timed from a watch or a poll of the quota.
+
+use std::{
+    collections::BTreeMap,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use futures::{StreamExt as _, stream};
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, ListParams, PostParams},
+};
+use lazyquota_quota::Quantity;
+
+use crate::common::readings::{connections, metric, proc_status};
+use crate::data::{Data, crd_plural, create_core, quota_object};
+use crate::plan::{Args, Controller, Sample};
+use crate::process::start;
+
+pub(crate) fn same(a: &str, b: &str) -> bool {
+    match (Quantity::parse(a), Quantity::parse(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+pub(crate) async fn quota_matches(api: &Api<ResourceQuota>, name: &str, want: &[(String, String)]) -> bool {
+    let Ok(q) = api.get(name).await else { return false };
+    let used = q.status.and_then(|s| s.used).unwrap_or_default();
+    want.iter()
+        .all(|(k, v)| used.get(k).is_some_and(|u| same(&u.0, v)))
+}
+
+#[allow(clippy::too_many_arguments)] // one measurement's context
+pub(crate) async fn measure(
+    client: &Client,
+    args: &Args,
+    data: &Data,
+    n: usize,
+    controller: Controller,
+    kubeconfig: &Path,
+    facts: &BTreeMap<String, String>,
+    state: &Path,
+) -> Sample {
+    // Fresh quotas (empty status) for every controller, so its first sync is measured.
+    let quotas = data.quotas(n);
+    for ns in &data.namespaces {
+        let api: Api<ResourceQuota> = Api::namespaced(client.clone(), ns);
+        let _ = api
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await;
+        while !api
+            .list(&ListParams::default())
+            .await
+            .is_ok_and(|l| l.items.is_empty())
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for (name, hard, _) in &quotas {
+            api.create(&PostParams::default(), &quota_object(name, hard))
+                .await
+                .expect("create quota");
+        }
+    }
+    let apiserver_port = facts["LAZYQUOTA_APISERVER_URL"]
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_owned();
+    let baseline_watches = apiserver_watch_count(client).await;
+    let started = Instant::now();
+    let process = start(controller, kubeconfig, state);
+
+    // First complete sync: every quota of every namespace says what the data implies.
+    loop {
+        let mut all = true;
+        for ns in &data.namespaces {
+            let api: Api<ResourceQuota> = Api::namespaced(client.clone(), ns);
+            for (name, _, want) in &quotas {
+                if !quota_matches(&api, name, want).await {
+                    all = false;
+                    break;
+                }
+            }
+            if !all {
+                break;
+            }
+        }
+        if all {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_mins(10),
+            "{} never synced",
+            controller.name()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first_sync = started.elapsed();
+    tokio::time::sleep(args.settle).await;
+
+    let metrics = process.metrics().await;
+    let (tasks, heap_bytes) = match controller {
+        Controller::Kcm => (
+            metric(&metrics, "go_goroutines"),
+            metric(&metrics, "go_memstats_heap_inuse_bytes"),
+        ),
+        _ => (
+            metric(&metrics, "lazyquota_tokio_alive_tasks"),
+            metric(&metrics, "lazyquota_jemalloc_allocated_bytes"),
+        ),
+    };
+    let mut sample = Sample {
+        tasks,
+        heap_bytes,
+        rss_bytes: proc_status(process.child.id(), "VmRSS:"),
+        anon_bytes: proc_status(process.child.id(), "RssAnon:"),
+        connections: connections(process.child.id(), &apiserver_port),
+        apiserver_watches: apiserver_watch_count(client).await - baseline_watches,
+        first_sync,
+        ..Sample::default()
+    };
+
+    // Quota created on a type not constrained before → correct status.used.
+    let first_new = data.constrained;
+    if n >= first_new + args.new_quota_samples {
+        for j in 0..args.new_quota_samples {
+            let ns = &data.namespaces[j % data.namespaces.len()];
+            let api: Api<ResourceQuota> = Api::namespaced(client.clone(), ns);
+            let key = format!("count/{}.{}", crd_plural(first_new + j), data.group);
+            let want = vec![(
+                key.clone(),
+                (data.objects_per_crd_per_ns + args.new_crd_objects).to_string(),
+            )];
+            let t = Instant::now();
+            api.create(
+                &PostParams::default(),
+                &quota_object(&format!("new-{j}"), &[(key, "100000".into())]),
+            )
+            .await
+            .expect("new quota");
+            while !quota_matches(&api, &format!("new-{j}"), &want).await {
+                assert!(t.elapsed() < Duration::from_mins(2), "new quota never computed");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            sample.new_quota.push(t.elapsed());
+        }
+    }
+
+    // Object deleted → status.used lowered.
+    let mut deleted = Vec::new();
+    for i in 0..args.deletes.min(data.pods_per_ns * data.namespaces.len()) {
+        let ns = &data.namespaces[i % data.namespaces.len()];
+        let pod = format!("p{}", i / data.namespaces.len());
+        let quotas_api: Api<ResourceQuota> = Api::namespaced(client.clone(), ns);
+        let before = data.pods_per_ns - deleted.iter().filter(|(n, _)| n == ns).count();
+        let want = vec![("pods".to_owned(), (before - 1).to_string())];
+        let t = Instant::now();
+        Api::<Pod>::namespaced(client.clone(), ns)
+            .delete(
+                &pod,
+                &DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..DeleteParams::default()
+                },
+            )
+            .await
+            .expect("delete pod");
+        while !quota_matches(&quotas_api, "compute", &want).await {
+            assert!(t.elapsed() < Duration::from_mins(10), "delete never replenished");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        sample.delete.push(t.elapsed());
+        deleted.push((ns.clone(), pod));
+    }
+    process.stop();
+    // Put the data back for the next controller.
+    for ns in &data.namespaces {
+        let api: Api<ResourceQuota> = Api::namespaced(client.clone(), ns);
+        let _ = api
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await;
+    }
+    stream::iter(deleted)
+        .map(|(ns, pod)| {
+            let client = client.clone();
+            async move {
+                let i: usize = pod[1..].parse().expect("pod index");
+                create_core(&client, &ns, "pod", i).await;
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<()>>()
+        .await;
+    sample
+}
+
+/// Open watches the apiserver counts (all clients).
+pub(crate) async fn apiserver_watch_count(client: &Client) -> f64 {
+    let request = http::Request::get("/metrics").body(Vec::new()).expect("request");
+    let text = client.request_text(request).await.expect("apiserver metrics");
+    text.lines()
+        .filter(|l| l.starts_with("apiserver_longrunning_requests{") && l.contains("verb=\"WATCH\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

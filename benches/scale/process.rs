@@ -1,0 +1,151 @@
+//! The controller under test as a child process: KCM or a lazyquota build, started with a
+//! metrics port of its own and stopped at the end, also on failure.
+
+use std::{
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use kube::Client;
+
+use crate::common;
+use crate::plan::Controller;
+
+pub(crate) struct Process {
+    pub(crate) child: Child,
+    pub(crate) metrics_url: String,
+}
+
+impl Drop for Process {
+    /// A failed measurement must not leave a controller running.
+    fn drop(&mut self) {
+        self.terminate();
+    }
+}
+
+impl Process {
+    pub(crate) async fn metrics(&self) -> String {
+        let mut config = kube::Config::new(self.metrics_url.parse().expect("url"));
+        config.accept_invalid_certs = true;
+        let client = Client::try_from(config).expect("metrics client");
+        let request = http::Request::get("/metrics").body(Vec::new()).expect("request");
+        client.request_text(request).await.expect("metrics")
+    }
+
+    pub(crate) fn stop(mut self) {
+        self.terminate();
+    }
+
+    pub(crate) fn terminate(&mut self) {
+        if self.child.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        for _ in 0..100 {
+            if self.child.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+pub(crate) fn start(controller: Controller, kubeconfig: &Path, state: &Path) -> Process {
+    let port = free_port();
+    // A file name: a variant's label, never its path.
+    let name: String = controller
+        .name()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let log = std::fs::File::create(state.join(format!("logs/bench-{name}.log"))).expect("log");
+    match controller {
+        Controller::Kcm => {
+            let bin = std::fs::read_to_string(state.join("env"))
+                .unwrap()
+                .lines()
+                .find_map(|l| l.strip_prefix("LAZYQUOTA_CP_BIN=").map(str::to_owned))
+                .expect("bin dir");
+            let kcm_kubeconfig = state.join("kcm.kubeconfig");
+            let pki = state.join("pki");
+            let child = Command::new(format!("{bin}/kube-controller-manager"))
+                .args(["--kubeconfig", kcm_kubeconfig.to_str().unwrap()])
+                .args(["--authentication-kubeconfig", kcm_kubeconfig.to_str().unwrap()])
+                .args(["--authorization-kubeconfig", kcm_kubeconfig.to_str().unwrap()])
+                .args([
+                    "--authorization-always-allow-paths",
+                    "/healthz,/readyz,/livez,/metrics",
+                ])
+                .args(["--bind-address", "127.0.0.1", "--secure-port", &port.to_string()])
+                .args([
+                    "--controllers",
+                    "resourcequota-controller",
+                    "--use-service-account-credentials=true",
+                ])
+                // client-go's default (QPS 20, burst 30) would throttle KCM's lists and writes
+                // while lazyquota has no client-side limiter; lift it so the two compare fairly.
+                .args(["--kube-api-qps", "1000", "--kube-api-burst", "2000"])
+                .args([
+                    "--root-ca-file",
+                    pki.join("ca.crt").to_str().unwrap(),
+                    "--leader-elect=false",
+                ])
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("kube-controller-manager");
+            Process {
+                child,
+                metrics_url: format!("https://127.0.0.1:{port}"),
+            }
+        }
+        Controller::Eager | Controller::Lazy | Controller::LazyHttp1 | Controller::LazyBinary(..) => {
+            let mode = if controller == Controller::Eager {
+                "eager"
+            } else {
+                "lazy"
+            };
+            let transport = if controller == Controller::LazyHttp1 {
+                "http1"
+            } else {
+                "http2"
+            };
+            let binary = match controller {
+                Controller::LazyBinary(_, path) => std::path::PathBuf::from(path),
+                _ => common::lazyquota_binary(),
+            };
+            let child = Command::new(binary)
+                .args([
+                    "run",
+                    "--kubeconfig",
+                    kubeconfig.to_str().unwrap(),
+                    "--mode",
+                    mode,
+                ])
+                .args(["--transport", transport])
+                .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("lazyquota");
+            Process {
+                child,
+                metrics_url: format!("http://127.0.0.1:{port}"),
+            }
+        }
+    }
+}
