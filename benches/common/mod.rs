@@ -1,15 +1,19 @@
 //! Shared by the control-plane benchmarks: one control plane of their own, started and stopped
 //! with the test scripts.
 
-#[allow(dead_code)] // each benchmark uses some of them
+// Each benchmark uses part of it.
+#![allow(dead_code)]
+
 pub mod readings;
-#[allow(dead_code)] // each benchmark uses some of them
 pub mod stats;
+
+mod commit;
+pub use commit::commit;
 
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::{Child, Command, Stdio},
 };
 
 /// Starts a control plane (KCM's quota controller off) in `<repo>/.lazyquota/<name>` and
@@ -44,36 +48,6 @@ pub fn stop_control_plane(state: &Path) {
         .arg(repo.join("tests/control-plane/stop.sh"))
         .arg(state)
         .status();
-}
-
-/// The commit the benchmark ran on: `abc1234`, or `abc1234-dirty (modified: paths)` when
-/// tracked files other than `benches/results/` differ from it (result files name it).
-pub fn commit() -> String {
-    let git = |args: &[&str]| {
-        Command::new("git")
-            .args(args)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim_end().to_owned())
-            .unwrap_or_default()
-    };
-    let head = git(&["rev-parse", "--short", "HEAD"]);
-    // Result files are what a benchmark writes, not what it measures: a tracked one rewritten
-    // during the run would otherwise mark every re-run dirty.
-    let dirty = git(&[
-        "status",
-        "--porcelain",
-        "--untracked-files=no",
-        "--",
-        ":(top)",
-        ":(top,exclude)benches/results",
-    ]);
-    if dirty.is_empty() {
-        head
-    } else {
-        let paths: Vec<&str> = dirty.lines().map(|l| l.get(3..).unwrap_or(l)).collect();
-        format!("{head}-dirty (modified: {})", paths.join(", "))
-    }
 }
 
 /// The lazyquota binary a benchmark runs: `LAZYQUOTA_BIN` when set (CI points it at the release
@@ -115,4 +89,23 @@ pub fn binary_note() -> String {
              release settings); {harness}"
         ),
     }
+}
+
+/// Stops a child the benchmark started: SIGTERM, up to 10 s for it to exit, then SIGKILL. A
+/// failed measurement must not leave a controller running.
+pub fn stop_child(child: &mut Child) {
+    if child.try_wait().ok().flatten().is_some() {
+        return;
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    for _ in 0..100 {
+        if child.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }

@@ -38,7 +38,6 @@
     clippy::cast_sign_loss
 )]
 
-#[allow(dead_code)]
 #[path = "../common/mod.rs"]
 mod common;
 mod plan;

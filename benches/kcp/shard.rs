@@ -14,7 +14,10 @@ use kube::{
 };
 use serde_json::{Value, json};
 
-use crate::common::readings::{connections, metric, metric_sum, proc_status};
+use crate::common::{
+    self,
+    readings::{connections, metric, metric_sum, proc_status},
+};
 use crate::plan::{HARD, KcpFigures, LqFigures, NS, repo};
 
 /// A started shard: its facts and two clients at its root (paths carry `/clusters/<c>`).
@@ -213,20 +216,7 @@ pub(crate) struct Lazyquota {
 
 impl Drop for Lazyquota {
     fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_some() {
-            return;
-        }
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        for _ in 0..100 {
-            if self.child.try_wait().ok().flatten().is_some() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        common::stop_child(&mut self.child);
     }
 }
 

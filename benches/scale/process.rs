@@ -4,7 +4,6 @@
 use std::{
     path::Path,
     process::{Child, Command, Stdio},
-    time::Duration,
 };
 
 use kube::Client;
@@ -38,20 +37,7 @@ impl Process {
     }
 
     pub(crate) fn terminate(&mut self) {
-        if self.child.try_wait().ok().flatten().is_some() {
-            return;
-        }
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        for _ in 0..100 {
-            if self.child.try_wait().ok().flatten().is_some() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        common::stop_child(&mut self.child);
     }
 }
 

@@ -63,9 +63,8 @@ static ALLOC: dhat::Alloc = dhat::Alloc;
 mod support;
 
 // The root's benchmark helpers (std only): the commit a result file was measured at.
-#[allow(dead_code)]
-#[path = "../../../benches/common/mod.rs"]
-mod common;
+#[path = "../../../benches/common/commit.rs"]
+mod commit;
 use support::{pod, quota, served};
 
 /// Objects per case when `LAZYQUOTA_BENCH_OBJECTS` is unset.
@@ -863,7 +862,7 @@ fn report(cfg: &Config, pods: &Measured, claims: &Measured, counts: &Measured) -
 
     let mut out = String::new();
     let _ = writeln!(out, "# Heap per watched object\n");
-    let _ = writeln!(out, "Measured at commit `{}`.\n", common::commit());
+    let _ = writeln!(out, "Measured at commit `{}`.\n", commit::commit());
     let _ = writeln!(
         out,
         "`{}cargo bench -p lazyquota-index --bench heap` ({} objects per case, spread over {} namespaces){}.\n",

@@ -49,9 +49,8 @@ fn object_id(name: &str) -> u64 {
 mod support;
 
 // The root's benchmark helpers (std only): the commit a result file was measured at.
-#[allow(dead_code)]
-#[path = "../../../benches/common/mod.rs"]
-mod common;
+#[path = "../../../benches/common/commit.rs"]
+mod commit;
 use support::{pod, quota, served};
 
 const NAMESPACES: usize = 10;
@@ -511,7 +510,7 @@ fn summary(fixture: &mut Fixture, cases: &[Case]) -> String {
         out,
         "{PODS_PER_NAMESPACE} synced pods and {WIDGETS_PER_NAMESPACE} count-only objects each.\n"
     );
-    let _ = writeln!(out, "Measured at commit `{}`.\n", common::commit());
+    let _ = writeln!(out, "Measured at commit `{}`.\n", commit::commit());
     let _ = writeln!(out, "| case | batch | median batch time | per second |");
     let _ = writeln!(out, "| --- | ---: | ---: | ---: |");
     for (name, n, unit, t) in &rows {
