@@ -4,10 +4,11 @@ use k8s_openapi::{
     api::core::v1::{ResourceQuota, ResourceQuotaSpec},
     apimachinery::pkg::api::resource::Quantity,
 };
-use lazyquota_quota::FeatureGates;
+use lazyquota_quota::{FeatureGates, Time};
 use proptest::prelude::*;
 
 use super::*;
+use crate::engine::StoreKind;
 
 fn quota(hard: &[&str]) -> ResourceQuota {
     ResourceQuota {
