@@ -43,10 +43,11 @@ use lazyquota_index::{
     keys::{ClusterName, GroupResource, ObjectIds, QuotaKey},
     membership::Membership,
     planner::{Mode, PlanSettings},
+    reconciler::Share,
     resolver::ServedResource,
     sharing::Demand,
     store::PartitionKey,
-    watches::{Action, Item, ObjectEvent, Watches},
+    watches::{Action, Watches},
 };
 use lazyquota_quota::{ClaimProjection, FeatureGates, Interner, PodProjection, Time};
 use serde_json::json;
@@ -552,29 +553,7 @@ const BOUND: usize = 5;
 /// must not grow from round to round.
 const CYCLES: usize = 8;
 
-/// The kcp hub's subscriber sink: futures' unbounded channel and an unread counter, as
-/// `crates/kube/src/kcp/hub.rs` has it (the receiver is the controller's, held here).
-struct Channel {
-    tx: futures::channel::mpsc::UnboundedSender<Item>,
-    unread: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl Sink for Channel {
-    type Object = ObjectEvent;
-    fn send(&mut self, item: Item) {
-        if self.tx.unbounded_send(item).is_ok() {
-            self.unread.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-    }
-    fn unread(&self) -> usize {
-        self.unread.load(std::sync::atomic::Ordering::Relaxed)
-    }
-    fn is_closed(&self) -> bool {
-        self.tx.is_closed()
-    }
-}
-
-/// Carries a watch set's `Demand` action to the hub's demand, as the executor does.
+/// Carries a watch set's `Demand` action to the hub's demand, as the Reconciler does.
 fn record_demand(demand: &mut Demand, action: Action) {
     if let Action::Demand {
         cluster,
@@ -582,7 +561,7 @@ fn record_demand(demand: &mut Demand, action: Action) {
         count,
     } = action
     {
-        demand.set(&(cluster, 1), &resource, count);
+        demand.set(&cluster, &resource, count);
     }
 }
 
@@ -594,8 +573,8 @@ struct EngagedCost {
     per_engaged: usize,
     /// Per engaged cluster, over the second half only (what one more costs).
     per_engaged_marginal: usize,
-    /// Of which the subscriber's channel (sender, receiver, counter).
-    per_channel: usize,
+    /// Of which the subscriber's fan-out entry (cluster name, phase, its [`Share`] sink).
+    per_share: usize,
     /// Per engaged cluster by step: membership and discovery slot, discovery (resolver),
     /// quota (engine), watch (plan, hub demand, subscriber, its list).
     stages: [isize; 4],
@@ -608,8 +587,9 @@ struct EngagedCost {
 /// each: the membership learns the quota, the cluster gets a discovery slot and its first
 /// discovery (a kcp workspace's 40 types and 5 bound ones), the engine takes its quota
 /// (`count/<type>`, one bound type), the watch set plans the count watch (served by the hub's
-/// shared watch), the hub records the demand and the fan-out takes the subscriber with its
-/// channel. No objects: those cost what the count-only case says, per object.
+/// shared watch), the hub records the demand and the fan-out takes the subscriber (its share
+/// handed to the watch as the Reconciler does). No objects: those cost what the count-only case
+/// says, per object.
 fn measure_engaged() -> EngagedCost {
     let bound: Vec<GroupResource> = (0..EXPORTS)
         .map(|e| GroupResource::new(format!("e{e}.bench.example.io"), "widgets"))
@@ -633,15 +613,14 @@ fn measure_engaged() -> EngagedCost {
     let mut engine = Engine::new(FeatureGates::default()).with_kcp_semantics();
     let mut watches = Watches::new(settings, true, ObjectIds::default());
     let mut demand = Demand::default();
-    let mut fanout: Fanout<Channel> = Fanout::new(16_384);
+    let mut fanout: Fanout<Share> = Fanout::new(lazyquota_index::reconciler::MAX_PENDING);
     // The shared watch has listed (nobody subscribed yet): later subscribers join with lists.
     fanout.init();
     fanout.init_done();
-    let mut receivers = Vec::with_capacity(ENGAGED);
     let mut out = Vec::new();
     let mut ignored = Vec::new();
     let now = Time::from_unix_seconds(1_800_000_000);
-    let mut channels = 0;
+    let mut shares = 0;
     // Growth by step: membership and discovery slot, discovery, quota, watch and subscriber.
     let mut stages = [0_isize; 4];
     let before = HeapStats::get();
@@ -686,27 +665,26 @@ fn measure_engaged() -> EngagedCost {
                     Action::Start { id, key, shared, .. } => {
                         assert!(shared, "a count watch of a shared type subscribes to the hub");
                         let ready = HeapStats::get();
-                        let (tx, mut rx) = futures::channel::mpsc::unbounded();
-                        let sink = Channel {
-                            tx,
-                            unread: std::sync::Arc::default(),
-                        };
-                        let unread = sink.unread.clone();
                         let join = fanout
-                            .subscribe(key.cluster.clone(), key.namespace.clone(), sink)
+                            .subscribe(key.cluster.clone(), key.namespace.clone(), Share::new(id))
                             .expect("a subscriber after the shared watch's list joins with a list");
                         if cycle == 0 {
-                            channels += HeapStats::get().curr_bytes - ready.curr_bytes;
+                            shares += HeapStats::get().curr_bytes - ready.curr_bytes;
                         }
-                        // Its own list (no objects) ends the join; the controller reads what the
-                        // channel carries into the watch set: the subscriber is live.
+                        // Its own list (no objects) ends the join; the Reconciler hands what the
+                        // share got to the watch set at once: the subscriber is live.
                         assert!(
                             fanout
                                 .joined(join.generation, Ok((Some(1), Vec::new())))
                                 .is_none()
                         );
-                        while let Ok(item) = rx.try_recv() {
-                            unread.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                        let mut items = Vec::new();
+                        fanout.for_each_sink(|share| {
+                            if share.watch() == id {
+                                items = share.take();
+                            }
+                        });
+                        for item in items {
                             watches.on_item(&mut engine, id, item, now, &mut ignored);
                         }
                         // What the controller would carry out: logs, metrics, the quota's computation.
@@ -717,7 +695,6 @@ fn measure_engaged() -> EngagedCost {
                             )),
                             "a list's items make a watch listing, synced, and its quota computed"
                         );
-                        receivers.push((rx, unread));
                     }
                     other => panic!("unexpected {other:?}"),
                 }
@@ -742,7 +719,7 @@ fn measure_engaged() -> EngagedCost {
             break;
         }
         // Every quota deleted: each cluster let go as the shard's engine does it, its subscriber
-        // closed (the controller drops the receiver) and pruned from the fan-out.
+        // left and pruned from the fan-out.
         for cluster in &clusters {
             drop(engine.delete_quota(&QuotaKey::new(cluster, NS_KCP, "widgets")));
             membership.quota_deleted(cluster, NS_KCP, "widgets");
@@ -756,7 +733,7 @@ fn measure_engaged() -> EngagedCost {
                 }
             }
         }
-        receivers.clear();
+        fanout.for_each_sink(Share::leave);
         assert!(!fanout.prune(), "every subscriber gone");
         out.shrink_to_fit();
         assert!(membership.desired().is_empty() && watches.iter().count() == 0);
@@ -768,7 +745,7 @@ fn measure_engaged() -> EngagedCost {
         per_known: (known.curr_bytes - start.curr_bytes) / ENGAGED,
         per_engaged: (after.curr_bytes - before.curr_bytes) / ENGAGED,
         per_engaged_marginal: (after.curr_bytes - half.curr_bytes) / (ENGAGED - ENGAGED / 2),
-        per_channel: channels / ENGAGED,
+        per_share: shares / ENGAGED,
         stages: stages.map(|b| b / ENGAGED.cast_signed()),
         kept,
     }
@@ -967,8 +944,7 @@ fn main() {
          | per kcp fan-out subscriber (`fanout::Fanout`: cluster name, phase, a zero-sized sink), {WATCHES} subscribers | {} |\n\n\
          - The watches: {WATCHES} quotas of `{WIDGETS_COUNT_KEY}`, one per namespace, planned with a namespace \
          threshold above {WATCHES} (one watch each); growth of one `Watches::sync`. The quotas' own cost \
-         is not included (see the index). A real subscriber's channel and a joining one's buffer are \
-         not included either.",
+         is not included (see the index). A joining subscriber's buffer is not included either.",
         bookkeeping.per_watch, bookkeeping.per_subscriber,
     );
     let _ = writeln!(
@@ -981,25 +957,22 @@ fn main() {
          | by step: the quota in the membership and a discovery slot | {} |\n\
          | by step: the first discovery (the resolver's list of interned types) | {} |\n\
          | by step: the quota in the engine (spec, demand) | {} |\n\
-         | by step: the count watch (plan, hub demand, fan-out subscriber and channel, its list) | {} |\n\
-         | of which the hub subscriber's channel (futures' unbounded: sender, receiver, unread counter) | {} |\n\
+         | by step: the count watch (plan, hub demand, fan-out subscriber, its list) | {} |\n\
+         | of which the fan-out subscriber (cluster name, phase, its share: a watch id and an empty `Vec`) | {} |\n\
          | still allocated after letting all {ENGAGED} go, then engaging them again, {CYCLES} rounds (bytes above the start) | {} |\n\n\
          - Each cluster is engaged as the shard's engine does it when its first quota appears: the \
          membership takes the quota, the cluster gets a discovery slot and its first discovery (a kcp \
          v0.32.3 workspace's 40 types and {BOUND} bound ones of {EXPORTS}, interned), the engine takes \
          one quota (`count/widgets.<group>` of a bound type), the watch set plans its count watch, \
          the hub records the demand, the shared watch's fan-out takes the subscriber and its list \
-         (no objects), and the watch set reads the list's items through the channel until the \
-         watch is synced. Objects are not included: each costs what the count-only case says. \
+         (no objects), and the watch set takes the list's items from its share until the watch is \
+         synced. Objects are not included: each costs what the count-only case says. \
          Target: ≤ 16 KiB ({}).\n\
          - Not included (in `crates/kube`, so outside this pure measurement; counted by the kcp \
          benchmark's jemalloc slope): the controller's `Member` (the workspace path, two empty \
-         sets), the watch's `Handle` (an abort handle, a counter handle) and boxed stream, the \
-         hub's pending `Subscription` (moved into the fan-out), and Event series once a quota gets \
-         Events.\n\
-         - Tokio's unbounded channel, which the hub used before, allocates its first block of 32 \
-         slots with the channel: 32 × {} B (`size_of` of a watch item) per subscriber, kept while it \
-         lives; futures' allocates a node per item in flight.",
+         sets), and Event series once a quota gets Events. A subscriber of a shared watch has no \
+         stream, task or channel of its own in the executor: its share is delivered in the \
+         Reconciler.",
         engaged.per_known,
         engaged.per_engaged,
         ENGAGED - ENGAGED / 2,
@@ -1008,7 +981,7 @@ fn main() {
         engaged.stages[1],
         engaged.stages[2],
         engaged.stages[3],
-        engaged.per_channel,
+        engaged.per_share,
         engaged
             .kept
             .iter()
@@ -1020,7 +993,6 @@ fn main() {
         } else {
             "**missed**"
         },
-        size_of::<Item>(),
     );
     println!("{table}");
     if cfg.bench {

@@ -1,6 +1,6 @@
 //! kcp: one shared wildcard watch's events handed to the logical clusters subscribed to it.
-//! Pure: the hub (`crates/kube/src/kcp/hub.rs`) feeds a [`Fanout`] the shared watch's events and
-//! the results of subscribers' own lists, and runs the lists it asks for ([`Join`]).
+//! Pure: the Reconciler's hub (`reconciler/hub.rs`) feeds a [`Fanout`] the shared watch's events
+//! and the results of subscribers' own lists, and has the lists it asks for run ([`Join`]).
 //!
 //! A subscriber is in one of four phases:
 //!
@@ -264,6 +264,10 @@ impl<S: Sink> Fanout<S> {
                 s.phase = Phase::Overflowed;
                 // Told at once, one item past the bound: its partitions stop counting until it
                 // has listed again, rather than reading as synced while events are dropped.
+                if crate::mutation::active(crate::mutation::Mutation::SilentOverflow) {
+                    overflowed.push(s.cluster.clone());
+                    continue;
+                }
                 s.sink.send(WatchItem::Failed(
                     "overflowed",
                     format!(
@@ -366,6 +370,13 @@ impl<S: Sink> Fanout<S> {
     pub fn prune(&mut self) -> bool {
         self.subscribers.retain(|s| !s.sink.is_closed());
         !self.subscribers.is_empty()
+    }
+
+    /// Calls `f` with every subscriber's sink (to read or mark it).
+    pub fn for_each_sink(&mut self, mut f: impl FnMut(&mut S)) {
+        for s in &mut self.subscribers {
+            f(&mut s.sink);
+        }
     }
 
     /// Subscribers now.

@@ -9,7 +9,7 @@
 //!  the timer (next_wakeup)                    ─► tick  ─► discoveries due, resync, syncs
 //!                       Effect ◄─ open/close watches, fills, discoveries, status writes
 //!                                 (each with its precondition and the keys it may lower),
-//!                                 reads, Events, hub demand, metrics
+//!                                 reads, Events, shared watches and share lists, metrics
 //! ```
 //!
 //! The executor turns streams into inputs and effects into requests; it decides nothing. The
@@ -23,6 +23,7 @@
 
 mod books;
 mod discovery;
+mod hub;
 mod messages;
 mod quotas;
 mod status;
@@ -40,6 +41,7 @@ use tracing::{debug, info, warn};
 
 pub use books::Books;
 pub use discovery::Discovered;
+pub use hub::{Hub, MAX_JOINS, MAX_PENDING, Share, SharedEvent, SharedKey, SharedObject};
 pub use messages::{Effect, Input, Metric, Now};
 pub use quotas::{ClusterEvent, QuotaEvent};
 pub use status::{Failure, StatusWrite};
@@ -101,8 +103,9 @@ pub struct Settings {
     pub kcp: bool,
     /// Serve every logical cluster of a kcp shard that has a quota (else the one `cluster`).
     pub shard: bool,
-    /// kcp: count-only watches of shared types come from the shard's hub.
-    pub hub: bool,
+    /// kcp: a type counted in this many logical clusters of the shard is served by one
+    /// shared wildcard watch ([`Hub`]); 0: never (each cluster watches it itself).
+    pub shared_threshold: usize,
     /// The one cluster's workspace path, named in Events.
     pub workspace: Option<String>,
 }
@@ -120,7 +123,7 @@ impl Default for Settings {
             gates: FeatureGates::default(),
             kcp: false,
             shard: false,
-            hub: false,
+            shared_threshold: 0,
             workspace: None,
         }
     }
@@ -182,8 +185,8 @@ pub struct Reconciler {
     writing: HashMap<QuotaKey, Instant>,
     /// When each open watch was opened (its first list's grace).
     opened: HashMap<u64, Instant>,
-    /// kcp: the types the hub shares now.
-    shared: BTreeSet<GroupResource>,
+    /// kcp: the shard's shared watches.
+    hub: Hub,
     /// A relist of the quota watch in progress: the quotas so far.
     quota_relist: Option<Vec<ResourceQuota>>,
     quotas_synced: bool,
@@ -204,7 +207,11 @@ impl Reconciler {
             Engine::new(settings.gates)
         };
         let mut reconciler = Self {
-            watches: Watches::new(settings.plan(), settings.hub, ids),
+            watches: Watches::new(
+                settings.plan(),
+                settings.shard && settings.shared_threshold > 0,
+                ids,
+            ),
             engine,
             queue: WorkQueue::new(),
             discoveries: Discoveries::new(settings.discovery_poll, MAX_DISCOVERIES),
@@ -212,7 +219,11 @@ impl Reconciler {
             members: BTreeMap::new(),
             writing: HashMap::new(),
             opened: HashMap::new(),
-            shared: BTreeSet::new(),
+            hub: Hub::new(if settings.shard {
+                settings.shared_threshold
+            } else {
+                0
+            }),
             quota_relist: None,
             quotas_synced: false,
             books: Books::default(),
@@ -250,25 +261,20 @@ impl Reconciler {
                     self.on_discovery(&cluster, result, now);
                 }
             }
-            Input::Watch { id, item } => {
-                let mut out = Vec::new();
-                self.watches
-                    .on_item(&mut self.engine, id, item, now.time, &mut out);
-                self.carry_out(out, now);
-            }
+            Input::Watch { id, item } => self.on_watch_item(id, item, now),
             Input::Filled {
                 key,
                 namespace,
                 listed,
             } => {
-                let shared = &self.shared;
+                let hub = &self.hub;
                 let mut out = Vec::new();
                 self.watches.on_fill(
                     &mut self.engine,
                     &key,
                     &namespace,
                     listed,
-                    &|r: &GroupResource| shared.contains(r),
+                    &|r: &GroupResource| hub.is_shared(r),
                     &mut out,
                 );
                 self.carry_out(out, now);
@@ -279,18 +285,32 @@ impl Reconciler {
                 result,
             } => self.on_write(&key, precondition.as_deref(), result, now),
             Input::Read { key, result } => self.on_read(&key, result, now),
-            Input::SharedChanged(shared) => {
-                self.shared = shared;
-                let shared = &self.shared;
-                let mut out = Vec::new();
-                self.watches.on_shared_changed(
-                    &mut self.engine,
-                    &|r: &GroupResource| shared.contains(r),
-                    &mut out,
-                );
-                self.carry_out(out, now);
+            Input::Shared { key, event } => {
+                let shares = self.hub.on_event(&key, event, now.instant, &mut self.effects);
+                for (id, item) in shares {
+                    self.on_watch_item(id, item, now);
+                }
+            }
+            Input::ListedShare {
+                key,
+                generation,
+                result,
+            } => {
+                let shares = self
+                    .hub
+                    .on_listed(&key, generation, result, now.instant, &mut self.effects);
+                for (id, item) in shares {
+                    self.on_watch_item(id, item, now);
+                }
             }
         }
+    }
+
+    fn on_watch_item(&mut self, id: u64, item: crate::watches::Item, now: Now) {
+        let mut out = Vec::new();
+        self.watches
+            .on_item(&mut self.engine, id, item, now.time, &mut out);
+        self.carry_out(out, now);
     }
 
     /// Does what is due at `now`: discoveries, the periodic resync, quota syncs (within the
@@ -299,6 +319,7 @@ impl Reconciler {
         for cluster in self.discoveries.start_due(now.instant) {
             self.effects.push(Effect::Discover(cluster));
         }
+        self.hub.tick(now.instant, &mut self.effects);
         if self.next_resync.is_some_and(|at| at <= now.instant) {
             self.next_resync = Some(now.instant + self.settings.resync_period);
             self.enqueue_all(now.instant);
@@ -321,10 +342,15 @@ impl Reconciler {
         } else {
             next_stall
         };
-        [syncs, self.discoveries.next_due(), self.next_resync]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            syncs,
+            self.discoveries.next_due(),
+            self.next_resync,
+            self.hub.next_wakeup(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// The effects decided since the last call, in order.
@@ -348,6 +374,12 @@ impl Reconciler {
     #[must_use]
     pub fn watches(&self) -> &Watches {
         &self.watches
+    }
+
+    /// kcp: the shard's shared watches (read-only: reports and `explain`).
+    #[must_use]
+    pub fn hub(&self) -> &Hub {
+        &self.hub
     }
 
     /// The shadow and withheld books.
@@ -408,20 +440,35 @@ impl Reconciler {
     }
 
     fn sync_watches(&mut self, cluster: &ClusterName, resource: &GroupResource, now: Now) {
-        let shared = &self.shared;
+        let hub = &self.hub;
         let mut out = Vec::new();
         self.watches.sync(
             &mut self.engine,
             cluster,
             resource,
-            &|r: &GroupResource| shared.contains(r),
+            &|r: &GroupResource| hub.is_shared(r),
             &mut out,
         );
         self.carry_out(out, now);
     }
 
+    /// kcp: the demand changed; if that changes which types are shared, the watches of those
+    /// types move to or from their shared watch.
+    fn reshare(&mut self, now: Now) {
+        if !self.hub.refresh_shared() {
+            return;
+        }
+        debug!("shared types changed");
+        let hub = &self.hub;
+        let mut out = Vec::new();
+        self.watches
+            .on_shared_changed(&mut self.engine, &|r: &GroupResource| hub.is_shared(r), &mut out);
+        self.carry_out(out, now);
+    }
+
     /// Turns the watch set's actions into effects (and log lines).
     fn carry_out(&mut self, actions: Vec<Action>, now: Now) {
+        let mut demand_changed = false;
         for action in actions {
             match action {
                 Action::Start {
@@ -432,28 +479,28 @@ impl Reconciler {
                 } => {
                     info!(watch = %key, version = %served.version, shared, "watch started");
                     self.opened.insert(id, now.instant);
-                    self.effects.push(Effect::OpenWatch {
-                        id,
-                        key,
-                        served,
-                        shared,
-                    });
+                    if shared {
+                        let (cluster, namespace) = (key.cluster.clone(), key.namespace.clone());
+                        self.hub
+                            .subscribe(id, cluster, namespace, &served, now.instant, &mut self.effects);
+                    } else {
+                        self.effects.push(Effect::OpenWatch { id, key, served });
+                    }
                 }
                 Action::Restart { id, key, served } => {
                     info!(watch = %key, "watch failed after its sync: reopened to list afresh");
                     self.opened.insert(id, now.instant);
-                    self.effects.push(Effect::CloseWatch { id });
-                    self.effects.push(Effect::OpenWatch {
-                        id,
-                        key,
-                        served,
-                        shared: false,
-                    });
+                    if !self.hub.unsubscribe(id, &mut self.effects) {
+                        self.effects.push(Effect::CloseWatch { id });
+                    }
+                    self.effects.push(Effect::OpenWatch { id, key, served });
                 }
                 Action::Stop { id, key } => {
                     info!(watch = %key, "watch stopped");
                     self.opened.remove(&id);
-                    self.effects.push(Effect::CloseWatch { id });
+                    if !self.hub.unsubscribe(id, &mut self.effects) {
+                        self.effects.push(Effect::CloseWatch { id });
+                    }
                 }
                 Action::Fill {
                     key,
@@ -478,11 +525,10 @@ impl Reconciler {
                     cluster,
                     resource,
                     count,
-                } => self.effects.push(Effect::Demand {
-                    cluster,
-                    resource,
-                    count,
-                }),
+                } => {
+                    self.hub.set_demand(&cluster, &resource, count);
+                    demand_changed = true;
+                }
                 Action::Listing(key) => self
                     .effects
                     .push(Effect::Metric(Metric::Relist(key.resource_label()))),
@@ -518,6 +564,9 @@ impl Reconciler {
                     warn!(watch = %key, %namespace, %error, "listing a joining namespace failed; restarting the watch");
                 }
             }
+        }
+        if demand_changed {
+            self.reshare(now);
         }
     }
 

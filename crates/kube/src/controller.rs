@@ -6,8 +6,8 @@
 //!  quota, LogicalCluster, API-change watches ─┐
 //!  object watches (one SelectAll), fills      ├─► Input ─► Reconciler ─► Effect ─► watches opened
 //!  discoveries, status writes, fresh reads   ─┤                                   and closed, lists,
-//!  the reconciler's next wakeup (one timer)  ─┘                                   requests, Events,
-//!                                                                                  hub demand, metrics
+//!  kcp: shared watches, share lists           ─┤                                   requests, Events,
+//!  the reconciler's next wakeup (one timer)  ─┘                                   metrics
 //! ```
 //!
 //! One controller serves one cluster, or on kcp every logical cluster of a shard that has a
@@ -20,6 +20,8 @@ pub(crate) mod api_changes;
 mod config;
 pub mod discovery;
 pub mod events;
+mod quotas;
+mod shared;
 pub mod snapshot;
 mod view;
 pub mod watch;
@@ -28,7 +30,7 @@ pub use config::Config;
 use config::settings;
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::HashMap,
     future::Future,
     sync::Arc,
     time::{Duration, Instant},
@@ -39,7 +41,7 @@ use futures::{
     future::BoxFuture,
     stream::{AbortHandle, BoxStream, FuturesUnordered, SelectAll},
 };
-use k8s_openapi::{api::core::v1::ResourceQuota, apimachinery::pkg::api::resource::Quantity};
+use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::{
     Client,
     api::{Patch, PatchParams},
@@ -47,8 +49,8 @@ use kube::{
 };
 use lazyquota_index::{
     engine::Projected,
-    keys::{ClusterName, GroupResource, QuotaKey},
-    reconciler::{Effect, Failure, Input, Metric, Now, QuotaEvent, Reconciler, StatusWrite},
+    keys::{ClusterName, QuotaKey},
+    reconciler::{Effect, Input, Metric, Now, Reconciler, SharedEvent, SharedKey, StatusWrite},
 };
 use lazyquota_quota::Interner;
 use tokio::sync::mpsc;
@@ -57,6 +59,7 @@ use tracing::{info, warn};
 use api_changes::api_change_stream;
 use discovery::{Discovered, discover};
 use events::Recorder;
+use quotas::{failure, quota_event, status_patch};
 pub use snapshot::{QuotaKeyUsage, Snapshot, SnapshotHandle, WatchInfo};
 use watch::{WatchItem, WatchKey, WatchOptions, routed_api};
 
@@ -68,31 +71,6 @@ use crate::{
 };
 
 pub use lazyquota_index::planner::Mode;
-
-/// An Event's note, at most (events.k8s.io/v1 allows 1024 bytes).
-const MAX_NOTE_BYTES: usize = 1000;
-
-/// An Event's note: on kcp it starts with the workspace path, so an Event read on the shard
-/// (or exported) says where it happened; cut to what events.k8s.io/v1 accepts (error texts
-/// can be longer).
-fn event_note(workspace: Option<&str>, note: &str) -> String {
-    match workspace {
-        Some(path) => truncate(&format!("[workspace {path}] {note}"), MAX_NOTE_BYTES),
-        None => truncate(note, MAX_NOTE_BYTES),
-    }
-}
-
-/// `text` cut to at most `max` bytes at a character boundary, marked with an ellipsis.
-fn truncate(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let mut end = max.saturating_sub('…'.len_utf8());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
-}
 
 /// Events published at once, at most (a burst beyond is dropped and logged).
 const MAX_PENDING_EVENTS: usize = 256;
@@ -126,8 +104,9 @@ pub struct Controller {
     /// Events being published (at most [`MAX_PENDING_EVENTS`]).
     events: FuturesUnordered<BoxFuture<'static, ()>>,
     requests: mpsc::Receiver<snapshot::Request>,
-    /// kcp: the shard's shared wildcard watches.
-    hub: Option<crate::kcp::hub::Hub>,
+    /// kcp: the shard's shared wildcard watches, and each one's abort handle.
+    shared: SelectAll<BoxStream<'static, (SharedKey, SharedEvent)>>,
+    shared_handles: HashMap<SharedKey, AbortHandle>,
 }
 
 fn at_now() -> Now {
@@ -158,7 +137,7 @@ impl Controller {
             gates: config.gates,
         };
         let reconciler = Reconciler::new(
-            settings(&config, shard, false),
+            settings(&config, shard),
             crate::object_ids().clone(),
             Instant::now(),
         );
@@ -176,23 +155,10 @@ impl Controller {
             metrics,
             requests,
             config,
-            hub: None,
+            shared: SelectAll::new(),
+            shared_handles: HashMap::new(),
         };
         (controller, SnapshotHandle::new(tx))
-    }
-
-    /// kcp: count-only watches of types the shard's hub shares come from its shared wildcard
-    /// watch instead of a watch of their own.
-    #[must_use]
-    pub fn with_hub(mut self, hub: crate::kcp::hub::Hub) -> Self {
-        let shard = self.reconciler.settings().shard;
-        self.reconciler = Reconciler::new(
-            settings(&self.config, shard, true),
-            crate::object_ids().clone(),
-            Instant::now(),
-        );
-        self.hub = Some(hub);
-        self
     }
 
     /// Runs until `shutdown` completes; then stops all watches and waits (at most 10 s) for
@@ -216,10 +182,6 @@ impl Controller {
         .boxed();
         let mut logical_clusters = shard.then(|| members::logical_clusters(&self.client));
         let mut api_changes = api_change_stream(&self.client, &wide, self.config.kcp, &self.metrics);
-        let mut shared_set = self.hub.as_ref().map(crate::kcp::hub::Hub::changes);
-        if let Some(shared) = &mut shared_set {
-            self.feed(Input::SharedChanged(shared.borrow_and_update().clone()));
-        }
         let mut shutdown = std::pin::pin!(shutdown);
 
         let outcome = loop {
@@ -241,7 +203,9 @@ impl Controller {
                     }
                     self.feed(Input::Watch { id, item });
                 }
-                Some(set) = next_shared(shared_set.as_mut()) => self.feed(Input::SharedChanged(set)),
+                Some((key, event)) = self.shared.next(), if !self.shared.is_empty() => {
+                    self.feed(Input::Shared { key, event });
+                }
                 Some(changed) = api_changes.next() => self.feed(Input::ApiChanged(changed)),
                 Some(answer) = self.answers.next(), if !self.answers.is_empty() => self.feed(answer),
                 () = sleep_until(wakeup), if wakeup.is_some() => {
@@ -268,13 +232,21 @@ impl Controller {
         for (abort, _) in self.handles.values() {
             abort.abort();
         }
+        for abort in self.shared_handles.values() {
+            abort.abort();
+        }
+        // The writes in flight are answered, and the Events already recorded — and those their
+        // answers record (a refused write's Warning) — are published, within the same 10 s.
         let drain = async {
-            while self.reconciler.writes_in_flight() > 0 {
-                let Some(answer) = self.answers.next().await else {
-                    break;
-                };
-                if matches!(answer, Input::Written { .. }) {
-                    self.feed(answer);
+            loop {
+                tokio::select! {
+                    Some(answer) = self.answers.next(), if self.reconciler.writes_in_flight() > 0 => {
+                        if matches!(answer, Input::Written { .. }) {
+                            self.feed(answer);
+                        }
+                    }
+                    Some(()) = self.events.next(), if !self.events.is_empty() => {}
+                    else => break,
                 }
             }
         };
@@ -282,7 +254,11 @@ impl Controller {
             .await
             .is_err()
         {
-            warn!("status writes still in flight after 10s; exiting anyway");
+            warn!(
+                writes = self.reconciler.writes_in_flight(),
+                events = self.events.len(),
+                "status writes or Events still in flight after 10s; exiting anyway"
+            );
         }
         outcome
     }
@@ -299,12 +275,7 @@ impl Controller {
     fn carry_out(&mut self, started: Instant) {
         for effect in self.reconciler.take_effects() {
             match effect {
-                Effect::OpenWatch {
-                    id,
-                    key,
-                    served,
-                    shared,
-                } => self.open_watch(id, &key, &served, shared),
+                Effect::OpenWatch { id, key, served } => self.open_watch(id, &key, &served),
                 Effect::CloseWatch { id } => {
                     if let Some((abort, _)) = self.handles.remove(&id) {
                         abort.abort();
@@ -328,21 +299,37 @@ impl Controller {
                 } => {
                     self.emit(&quota, uid, workspace.as_deref(), warning, reason, &note);
                 }
-                Effect::Demand {
+                Effect::OpenShared { key, served } => {
+                    let (events, abort) = shared::open(&self.client, &served, key.clone());
+                    self.shared.push(events);
+                    self.shared_handles.insert(key, abort);
+                }
+                Effect::CloseShared { key } => {
+                    if let Some(abort) = self.shared_handles.remove(&key) {
+                        abort.abort();
+                    }
+                }
+                Effect::ListShare {
+                    key,
+                    generation,
                     cluster,
-                    resource,
-                    count,
+                    namespace,
+                    served,
                 } => {
-                    if let Some(hub) = &self.hub {
-                        hub.demand(&cluster, &resource, count);
-                    }
+                    let listed = shared::list_share(self.client.clone(), cluster, namespace, served);
+                    self.answers.push(
+                        async move {
+                            let result = listed.await;
+                            Input::ListedShare {
+                                key,
+                                generation,
+                                result,
+                            }
+                        }
+                        .boxed(),
+                    );
                 }
-                Effect::Disengaged(cluster) => {
-                    self.recorder.forget_cluster(&cluster);
-                    if let Some(hub) = &self.hub {
-                        hub.withdraw(&cluster);
-                    }
-                }
+                Effect::Disengaged(cluster) => self.recorder.forget_cluster(&cluster),
                 Effect::Metric(metric) => self.count(metric, started),
             }
         }
@@ -358,6 +345,7 @@ impl Controller {
             Metric::WatchError { resource, reason } => self.metrics.watch_error(&resource, reason),
             Metric::Discovery(result) => self.metrics.discovery(result),
             Metric::Engaged(clusters) => self.metrics.kcp_engaged(clusters),
+            Metric::SharedWatches(watches) => self.metrics.kcp_shared_watches(watches),
         }
     }
 
@@ -371,25 +359,16 @@ impl Controller {
         }
     }
 
-    fn open_watch(
-        &mut self,
-        id: u64,
-        key: &WatchKey,
-        served: &lazyquota_index::resolver::ServedResource,
-        shared: bool,
-    ) {
-        let (stream, abort) = match &self.hub {
-            Some(hub) if shared => hub.subscribe(served, key, id),
-            _ => watch::open(
-                &self.client,
-                &self.route(&key.cluster),
-                served,
-                key,
-                self.options,
-                &self.interner,
-                id,
-            ),
-        };
+    fn open_watch(&mut self, id: u64, key: &WatchKey, served: &lazyquota_index::resolver::ServedResource) {
+        let (stream, abort) = watch::open(
+            &self.client,
+            &self.route(&key.cluster),
+            served,
+            key,
+            self.options,
+            &self.interner,
+            id,
+        );
         self.streams.push(stream);
         let events = self.metrics.watch_events(&key.resource_label());
         self.handles.insert(id, (abort, events));
@@ -489,7 +468,7 @@ impl Controller {
             warn!(quota = %quota, reason, "too many Events in flight; dropping one");
             return;
         }
-        let note = event_note(workspace, note);
+        let note = events::event_note(workspace, note);
         let publish = self.recorder.record(quota, uid, warning, reason, note);
         let quota = quota.clone();
         self.events.push(
@@ -501,64 +480,6 @@ impl Controller {
             .boxed(),
         );
     }
-}
-
-/// A request's failure as the reconciler reads it: the status code if the server answered.
-#[allow(clippy::needless_pass_by_value)] // takes what `map_err` gives
-fn failure(error: kube::Error) -> Failure {
-    let code = match &error {
-        kube::Error::Api(status) => Some(status.code),
-        _ => None,
-    };
-    Failure {
-        code,
-        message: error.to_string(),
-    }
-}
-
-/// A quota watch event, typed for the reconciler.
-fn quota_event(event: watcher::Event<Routed<ResourceQuota>>) -> QuotaEvent {
-    match event {
-        watcher::Event::Init => QuotaEvent::RelistStarted,
-        watcher::Event::InitApply(Routed(q)) => QuotaEvent::Relisted(q),
-        watcher::Event::InitDone => QuotaEvent::RelistDone,
-        watcher::Event::Apply(Routed(q)) => QuotaEvent::Applied(q),
-        watcher::Event::Delete(Routed(q)) => QuotaEvent::Deleted(q),
-    }
-}
-
-/// The status write: a JSON merge patch of `status.hard` and `status.used` — the keys computed
-/// now, and `null` for every key the stored status had that is no longer there — guarded by
-/// the resourceVersion last seen (a precondition: 409 if the quota changed meanwhile).
-///
-/// Not a PUT of the status subresource with a body of our own: ResourceQuota's status strategy
-/// keeps only the old `spec`, so a PUT whose metadata lacks the quota's labels and annotations
-/// removes them (lazyquota keeps neither). That wiped `helm.sh` ownership annotations and kcp's
-/// `experimental.quota.kcp.io/cluster-scoped` before this patch.
-fn status_patch(write: &StatusWrite) -> serde_json::Value {
-    fn merged(
-        now: &std::collections::BTreeMap<String, Quantity>,
-        removed: &[String],
-    ) -> serde_json::Map<String, serde_json::Value> {
-        let mut out: serde_json::Map<String, serde_json::Value> = now
-            .iter()
-            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.0.clone())))
-            .collect();
-        for gone in removed {
-            out.entry(gone.clone()).or_insert(serde_json::Value::Null);
-        }
-        out
-    }
-    let mut patch = serde_json::json!({
-        "status": {
-            "hard": merged(&write.hard, &write.removed_hard),
-            "used": merged(&write.used, &write.removed_used),
-        }
-    });
-    if let Some(rv) = &write.precondition {
-        patch["metadata"] = serde_json::json!({ "resourceVersion": rv });
-    }
-    patch
 }
 
 /// Sleeps until `at` (forever without one; the select arm is disabled then anyway).
@@ -574,42 +495,5 @@ async fn next_of<S: futures::Stream + Unpin>(stream: Option<&mut S>) -> Option<S
     match stream {
         Some(stream) => stream.next().await,
         None => std::future::pending().await,
-    }
-}
-
-/// The hub's next shared set (never, without a hub, or once the hub is gone).
-async fn next_shared(
-    changes: Option<&mut tokio::sync::watch::Receiver<BTreeSet<GroupResource>>>,
-) -> Option<BTreeSet<GroupResource>> {
-    let Some(changes) = changes else {
-        return std::future::pending().await;
-    };
-    if changes.changed().await.is_err() {
-        return std::future::pending().await;
-    }
-    Some(changes.borrow_and_update().clone())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{MAX_NOTE_BYTES, event_note, truncate};
-
-    #[test]
-    fn kcp_event_notes_start_with_the_workspace_path_and_still_fit() {
-        assert_eq!(event_note(None, "x"), "x");
-        assert_eq!(
-            event_note(Some("root:org:team"), "x"),
-            "[workspace root:org:team] x"
-        );
-        let long = event_note(Some("root:org:team"), &"y".repeat(5000));
-        assert!(long.starts_with("[workspace root:org:team] ") && long.len() <= MAX_NOTE_BYTES);
-    }
-
-    #[test]
-    fn event_notes_fit_the_api_limit_on_a_char_boundary() {
-        let long = "é".repeat(2000);
-        let cut = truncate(&long, 1000);
-        assert!(cut.len() <= 1000 && cut.ends_with('…'), "{}", cut.len());
-        assert_eq!(truncate("short", 1000), "short");
     }
 }

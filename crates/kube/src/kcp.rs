@@ -15,10 +15,10 @@
 //! costs map entries (its quotas, its discovery, its watches), not a task or a connection:
 //! every request goes through one client of the shard's root ([`crate::transport::route`]; over HTTP/2,
 //! the default, one connection per 64 open streams). When at least `shared_threshold` served
-//! clusters watch a type for counts, one shared wildcard metadata watch serves them all
-//! ([`crate::kcp::hub`]).
+//! clusters watch a type for counts, one shared wildcard metadata watch serves them all (the
+//! Reconciler's hub, `lazyquota_index::reconciler::Hub`; the executor's side is
+//! `controller/shared.rs`).
 
-pub mod hub;
 pub mod members;
 pub mod shard;
 
@@ -35,7 +35,6 @@ use tracing::{Instrument as _, info, info_span, warn};
 
 use crate::{
     controller::{self, Controller, SnapshotHandle},
-    kcp::hub::Hub,
     kcp::shard::{Error, Shard},
     operate::metrics::Metrics,
 };
@@ -88,9 +87,9 @@ impl Restarts {
 
 /// Serves the shard until `shutdown` completes: one [`Controller`] for all its logical
 /// clusters, its snapshot handle published to `controllers`. Dropping this future (a lost
-/// Lease) stops everything at once: the controller runs inside it, and the hub's task ends with
-/// the last handle on it. A controller that fails (or panics) starts again after a backoff
-/// ([`Restarts`]), its hub demand withdrawn.
+/// Lease) stops everything at once: the controller, its shared watches included, runs inside
+/// it. A controller that fails (or panics) starts again after a backoff ([`Restarts`]), with
+/// shared watches of its own.
 pub async fn run(
     shard: &Shard,
     base: &controller::Config,
@@ -100,8 +99,6 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
     let root = shard.root()?;
-    // 0 disables sharing: every logical cluster watches its types itself.
-    let hub = (shared_threshold > 0).then(|| Hub::start(root.clone(), shared_threshold, metrics.clone()));
     let all = ClusterName::new("*");
     let mut restarts = Restarts::default();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -111,14 +108,11 @@ pub async fn run(
             cluster: all.clone(),
             kcp: true,
             workspace: None,
+            // 0 disables sharing: every logical cluster watches its types itself.
+            shared_threshold,
             ..base.clone()
         };
         let (controller, handle) = Controller::for_shard(root.clone(), config, metrics.clone());
-        let hub = hub.as_ref().map(|h| h.for_engagement(engagement));
-        let controller = match &hub {
-            Some(hub) => controller.with_hub(hub.clone()),
-            None => controller,
-        };
         controllers.send_replace(vec![handle]);
         let (stop, stopped) = oneshot::channel::<()>();
         let started = Instant::now();
@@ -144,11 +138,9 @@ pub async fn run(
             Ok(result) => result.map_err(|e| e.to_string()),
             Err(_) => Err("the controller panicked".to_owned()),
         };
-        if let Some(hub) = &hub {
-            hub.withdraw_all();
-        }
         controllers.send_replace(Vec::new());
         metrics.kcp_engaged(0);
+        metrics.kcp_shared_watches(0);
         let wait = restarts.failed(&all, started.elapsed(), Instant::now());
         warn!(
             ?result,

@@ -2,13 +2,13 @@
 //! is a thin loop around a pure state machine from `lazyquota-index` / `lazyquota-quota`.
 //!
 //! One folder per job. `transport` uses none of the others and every other uses it; the
-//! executor and kcp's hub still call each other (the hub takes the executor's demand and feeds
-//! its watches), as do the executor and the metrics (it counts into them, they read its
+//! executor and the metrics still call each other (it counts into them, they read its
 //! snapshot):
 //! - [`transport`]: the HTTP stack (deadlines, HTTP/2 connection spreading, kcp's path routing);
 //! - [`controller`]: the executor that carries the Reconciler's effects out, and its IO helpers
 //!   (watch streams, discovery, Events, the snapshot it reports);
-//! - [`kcp`]: one engine per shard (its members, its shared-watch hub, the shard's clients);
+//! - [`kcp`]: one engine per shard (its members, the shard's clients; its shared watches are
+//!   the Reconciler's hub, carried out by `controller/shared.rs`);
 //! - [`operate`]: what an operator sees and sets (clusters served, metrics, delegated auth,
 //!   leader election, `usage` and `explain` reports).
 

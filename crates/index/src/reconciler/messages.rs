@@ -1,18 +1,18 @@
 //! What goes into the reconciler and what comes out: [`Input`]s the executor feeds it,
 //! [`Effect`]s it returns, and the time each input comes with.
 
-use std::{collections::BTreeSet, sync::Arc, time::Instant};
+use std::{sync::Arc, time::Instant};
 
 use k8s_openapi::api::core::v1::ResourceQuota;
 use lazyquota_quota::Time;
 
-use super::{ClusterEvent, Discovered, Failure, QuotaEvent, StatusWrite};
+use super::{ClusterEvent, Discovered, Failure, QuotaEvent, SharedEvent, SharedKey, StatusWrite};
 use crate::{
     engine::Projected,
-    keys::{ClusterName, GroupResource, QuotaKey},
+    keys::{ClusterName, QuotaKey},
     planner::WatchKey,
     resolver::ServedResource,
-    watches::Item,
+    watches::{Item, ObjectEvent},
 };
 
 /// The time of an input: a monotonic instant for timers, the wall time for evaluators.
@@ -73,14 +73,28 @@ pub enum Input {
         /// The quota, or the failure.
         result: Result<ResourceQuota, Failure>,
     },
-    /// kcp: the hub's set of shared types now.
-    SharedChanged(BTreeSet<GroupResource>),
+    /// kcp: an event of a shared wildcard watch ([`Effect::OpenShared`]).
+    Shared {
+        /// The shared watch.
+        key: SharedKey,
+        /// The event.
+        event: SharedEvent,
+    },
+    /// kcp: a share list ([`Effect::ListShare`]) ended.
+    ListedShare {
+        /// The shared watch.
+        key: SharedKey,
+        /// The list's generation, as asked.
+        generation: u64,
+        /// The list's resourceVersion and objects, or the error.
+        result: Result<(Option<u64>, Vec<ObjectEvent>), String>,
+    },
 }
 
 /// What the executor is to do.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Effect {
-    /// Open watch `id` (`shared`: subscribe to the kcp hub's shared watch).
+    /// Open watch `id`.
     OpenWatch {
         /// Tags its items.
         id: u64,
@@ -88,8 +102,6 @@ pub enum Effect {
         key: WatchKey,
         /// The version and scope served.
         served: ServedResource,
-        /// From the hub.
-        shared: bool,
     },
     /// Close watch `id`.
     CloseWatch {
@@ -126,16 +138,34 @@ pub enum Effect {
         /// The note.
         note: String,
     },
-    /// kcp: tell the hub whether `cluster` watches `resource` for counts.
-    Demand {
+    /// kcp: open a metadata-only wildcard watch of `served` for the whole shard; answer with
+    /// [`Input::Shared`], tagged `key`.
+    OpenShared {
+        /// Tags its events.
+        key: SharedKey,
+        /// The type and version.
+        served: ServedResource,
+    },
+    /// kcp: close the shared watch `key`.
+    CloseShared {
+        /// Its key.
+        key: SharedKey,
+    },
+    /// kcp: list one logical cluster's (namespace's) share of a shared watch, metadata only,
+    /// with the list's resourceVersion; answer with [`Input::ListedShare`].
+    ListShare {
+        /// The shared watch.
+        key: SharedKey,
+        /// Handed back with the answer.
+        generation: u64,
         /// The logical cluster.
         cluster: ClusterName,
-        /// The type.
-        resource: GroupResource,
-        /// Watched for counts.
-        count: bool,
+        /// Its namespace, when the subscriber watches one only.
+        namespace: Option<String>,
+        /// The type and version.
+        served: ServedResource,
     },
-    /// kcp: a logical cluster was let go (its hub demand and Event series go).
+    /// kcp: a logical cluster was let go (its Event series go).
     Disengaged(ClusterName),
     /// Count something.
     Metric(Metric),
@@ -168,4 +198,6 @@ pub enum Metric {
     Discovery(&'static str),
     /// kcp: logical clusters served now.
     Engaged(usize),
+    /// kcp: shared wildcard watches open now.
+    SharedWatches(usize),
 }

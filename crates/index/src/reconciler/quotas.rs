@@ -346,15 +346,18 @@ impl Reconciler {
         let workspace = self.members.remove(cluster).and_then(|m| m.workspace);
         info!(%cluster, workspace = workspace.as_deref().unwrap_or_default(), "no ResourceQuota left (or the logical cluster is going): letting it go");
         self.discoveries.remove(cluster);
-        let shared = &self.shared;
+        let hub = &self.hub;
         let mut out = Vec::new();
         self.watches.forget_cluster(
             &mut self.engine,
             cluster,
-            &|r: &crate::keys::GroupResource| shared.contains(r),
+            &|r: &crate::keys::GroupResource| hub.is_shared(r),
             &mut out,
         );
         self.carry_out(out, now);
+        // Whatever demand its stopped watches did not withdraw goes with it.
+        self.hub.withdraw(cluster);
+        self.reshare(now);
         // Its quotas (if the logical cluster is going) are no longer computed: no verdict of
         // theirs stands.
         let prefix = format!("{cluster}|");

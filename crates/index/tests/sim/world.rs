@@ -491,7 +491,12 @@ impl World {
                     let delay = self.rng.range(1, 20);
                     self.at(delay, Ev::Answer(Input::Read { key, result }));
                 }
-                Effect::Event { .. } | Effect::Demand { .. } | Effect::Disengaged(_) | Effect::Metric(_) => {}
+                Effect::Event { .. } | Effect::Disengaged(_) | Effect::Metric(_) => {}
+                Effect::OpenShared { .. } | Effect::CloseShared { .. } | Effect::ListShare { .. } => {
+                    self.violation(format!(
+                        "a shared-watch effect from a one-cluster reconciler: {effect:?}"
+                    ));
+                }
             }
         }
     }

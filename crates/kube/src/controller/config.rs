@@ -40,6 +40,9 @@ pub struct Config {
     /// Report each quota's `used` and `hard` per key in the snapshot (for the opt-in
     /// `lazyquota_quota_used`/`_hard`/`_usage_ratio` gauges).
     pub quota_usage_metrics: bool,
+    /// kcp shard: a type counted in this many logical clusters is served by one shared
+    /// wildcard watch (`--kcp-shared-watch-threshold`); 0: never.
+    pub shared_threshold: usize,
 }
 
 impl Default for Config {
@@ -58,13 +61,14 @@ impl Default for Config {
             kcp: false,
             workspace: None,
             quota_usage_metrics: false,
+            shared_threshold: 0,
         }
     }
 }
 
 /// The reconciler's settings for a controller with `config` (`shard`: every logical cluster of
-/// a kcp shard; `hub`: with the shard's shared watches).
-pub(super) fn settings(config: &Config, shard: bool, hub: bool) -> Settings {
+/// a kcp shard).
+pub(super) fn settings(config: &Config, shard: bool) -> Settings {
     Settings {
         cluster: config.cluster.clone(),
         mode: config.mode,
@@ -76,7 +80,7 @@ pub(super) fn settings(config: &Config, shard: bool, hub: bool) -> Settings {
         gates: config.gates,
         kcp: config.kcp,
         shard,
-        hub,
+        shared_threshold: config.shared_threshold,
         workspace: config.workspace.clone(),
     }
 }

@@ -150,3 +150,52 @@ impl Recorder {
         self.series.retain(|(q, ..), _| &q.cluster != cluster);
     }
 }
+
+/// An Event's note, at most (events.k8s.io/v1 allows 1024 bytes).
+const MAX_NOTE_BYTES: usize = 1000;
+
+/// An Event's note: on kcp it starts with the workspace path, so an Event read on the shard
+/// (or exported) says where it happened; cut to what events.k8s.io/v1 accepts (error texts
+/// can be longer).
+pub(super) fn event_note(workspace: Option<&str>, note: &str) -> String {
+    match workspace {
+        Some(path) => truncate(&format!("[workspace {path}] {note}"), MAX_NOTE_BYTES),
+        None => truncate(note, MAX_NOTE_BYTES),
+    }
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, marked with an ellipsis.
+fn truncate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MAX_NOTE_BYTES, event_note, truncate};
+
+    #[test]
+    fn kcp_event_notes_start_with_the_workspace_path_and_still_fit() {
+        assert_eq!(event_note(None, "x"), "x");
+        assert_eq!(
+            event_note(Some("root:org:team"), "x"),
+            "[workspace root:org:team] x"
+        );
+        let long = event_note(Some("root:org:team"), &"y".repeat(5000));
+        assert!(long.starts_with("[workspace root:org:team] ") && long.len() <= MAX_NOTE_BYTES);
+    }
+
+    #[test]
+    fn event_notes_fit_the_api_limit_on_a_char_boundary() {
+        let long = "é".repeat(2000);
+        let cut = truncate(&long, 1000);
+        assert!(cut.len() <= 1000 && cut.ends_with('…'), "{}", cut.len());
+        assert_eq!(truncate("short", 1000), "short");
+    }
+}

@@ -80,12 +80,14 @@ impl Controller {
                         format!("{scope} ({state}, {source})")
                     })
                     .collect();
-                if let Some(hub) = &self.hub
+                if self.config.shared_threshold > 0
+                    && self.reconciler.settings().shard
                     && open.iter().any(|(k, _)| k.need == Need::Count)
                 {
                     let shared = open.iter().any(|(_, w)| w.shared);
                     resource.source = Some(if shared { "shared" } else { "own" });
-                    resource.source_reason = Some(hub.demand_of(resource.group_resource(), shared));
+                    resource.source_reason =
+                        Some(self.reconciler.hub().explain(resource.group_resource(), shared));
                 }
             }
             reports.push(report);

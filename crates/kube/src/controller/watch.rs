@@ -9,7 +9,7 @@
 //! (`crate::transport::client`, `crate::transport::spread`); over HTTP/1.1 it occupies a connection of its own for
 //! its lifetime. Each open watch keeps kube's line buffer (`tokio_util`'s `FramedRead`) and its
 //! watcher's state, most of an open watch's heap (`benches/results/watch-cost.md`), which is
-//! why kcp shares a type's watch from two logical clusters on (`crate::kcp::hub`).
+//! why kcp shares a type's watch from two logical clusters on (the Reconciler's hub).
 
 use std::{fmt, sync::Arc};
 

@@ -342,7 +342,7 @@ pub fn mark_shared(reports: &mut [Explain], threshold: usize) {
     for report in reports.iter() {
         let cluster = ClusterName::new(&report.cluster);
         for r in report.resources.iter().filter(|r| r.counted) {
-            demand.set(&(cluster.clone(), 0), &r.group_resource, true);
+            demand.set(&cluster, &r.group_resource, true);
         }
     }
     let shared = if threshold == 0 {

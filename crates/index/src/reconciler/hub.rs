@@ -1,0 +1,458 @@
+//! kcp: one shared wildcard watch per resource type when many logical clusters count it, inside
+//! the Reconciler. Pure: the executor opens and closes the shared watches and runs the lists
+//! this module asks for ([`Effect::OpenShared`], [`Effect::CloseShared`],
+//! [`Effect::ListShare`]) and feeds their events and results back ([`Input::Shared`],
+//! [`Input::ListedShare`]).
+//!
+//! Below `threshold` logical clusters a type is watched per cluster, as anywhere else. From
+//! `threshold` clusters on, one metadata-only wildcard watch of the type serves the whole shard
+//! (`<shard>/clusters/*/...`), and each subscribed watch gets its share, picked by the
+//! `kcp.io/cluster` annotation (and namespace). A type stops being shared only below a lower
+//! mark (`threshold - threshold / 4`), so one cluster coming and going at the threshold does
+//! not make every other one relist ([`Demand::shared`]).
+//!
+//! Which subscriber gets what is the pure [`Fanout`]'s rule: a subscriber arriving before the
+//! shared watch's list has begun is served by that list; one arriving later gets a list of its
+//! own share at resourceVersion L and, of the shared events buffered meanwhile, only those newer
+//! than L. Its share is delivered into its watch at once, in the same step as the shared
+//! event ([`Hub::on_event`] returns the items): there is no channel between the hub and the
+//! watches to fall behind. A joining subscriber buffers at most [`MAX_PENDING`] events; beyond
+//! that it **overflows** and is told (its partitions stop counting) and lists again — an
+//! overflow turns into a relist, never into lost counts.
+//!
+//! Bounds: at most [`MAX_JOINS`] share lists run at once; the others wait in a queue bounded by
+//! the subscribers (one list per subscriber at most), each with its backoff (2 s doubling up to
+//! 5 minutes after failed lists). Costs: per shared type one watch (a stream over HTTP/2) and
+//! its [`Fanout`]; per subscriber its cluster name, namespace, phase and watch id.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, VecDeque},
+    fmt,
+    time::Instant,
+};
+
+use tracing::{info, warn};
+
+use super::{Effect, Metric};
+use crate::{
+    fanout::{self, Fanout, Join, Seen},
+    keys::{ClusterName, GroupResource},
+    resolver::ServedResource,
+    sharing::Demand,
+    watches::{Item, ObjectEvent},
+};
+
+/// Events a joining subscriber may buffer before it overflows (and lists again).
+pub const MAX_PENDING: usize = 16_384;
+
+/// Share lists running at once, at most (as many as the watches' fills).
+pub const MAX_JOINS: usize = crate::watches::MAX_FILLS;
+
+/// One shared watch: a type at one version — clusters serving another version of the type
+/// subscribe to another one.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SharedKey {
+    /// The type.
+    pub resource: GroupResource,
+    /// The version watched.
+    pub version: String,
+}
+
+impl fmt::Display for SharedKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.resource.object_count_name(), self.version)
+    }
+}
+
+/// An object of a shared watch, as the executor read it.
+#[derive(Clone, Debug)]
+pub struct SharedObject {
+    /// Its logical cluster (the `kcp.io/cluster` annotation); `None` without one, which no
+    /// subscriber can claim.
+    pub cluster: Option<String>,
+    /// The object (metadata only).
+    pub object: ObjectEvent,
+}
+
+/// One event of a shared watch.
+pub type SharedEvent = fanout::WatchItem<SharedObject>;
+
+/// Where a subscriber's items go: collected here and handed to its watch by the Reconciler
+/// right after the call that produced them, so nothing is ever left unread. At rest it holds
+/// no allocation: a watch id, an empty `Vec` and a flag, inline in the fan-out's entry.
+pub struct Share {
+    watch: u64,
+    items: Vec<Item>,
+    left: bool,
+}
+
+impl Share {
+    /// The sink of subscribed watch `watch`.
+    #[must_use]
+    pub fn new(watch: u64) -> Self {
+        Self {
+            watch,
+            items: Vec::new(),
+            left: false,
+        }
+    }
+
+    /// The subscribed watch.
+    #[must_use]
+    pub fn watch(&self) -> u64 {
+        self.watch
+    }
+
+    /// Takes what was sent since the last call, in order.
+    pub fn take(&mut self) -> Vec<Item> {
+        std::mem::take(&mut self.items)
+    }
+
+    /// Its watch stopped: the fan-out drops it at its next prune.
+    pub fn leave(&mut self) {
+        self.left = true;
+    }
+}
+
+impl fanout::Sink for Share {
+    type Object = ObjectEvent;
+
+    fn send(&mut self, item: Item) {
+        self.items.push(item);
+    }
+
+    fn unread(&self) -> usize {
+        0
+    }
+
+    fn is_closed(&self) -> bool {
+        self.left
+    }
+}
+
+struct Shared {
+    served: ServedResource,
+    fanout: Fanout<Share>,
+}
+
+/// The shard's sharing: demand, shared set, shared watches and their subscribers, share lists.
+pub struct Hub {
+    /// Types are shared from this many counting logical clusters on; 0: never.
+    threshold: usize,
+    demand: Demand,
+    shared: BTreeSet<GroupResource>,
+    watches: BTreeMap<SharedKey, Shared>,
+    /// Which shared watch each subscribed watch id reads.
+    subscribers: BTreeMap<u64, SharedKey>,
+    /// Share lists waiting for a slot, each with when it may start (its backoff).
+    waiting: VecDeque<(Instant, SharedKey, Join)>,
+    /// Share lists running (at most [`MAX_JOINS`]).
+    running: BTreeSet<(SharedKey, u64)>,
+}
+
+impl fmt::Debug for Hub {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hub")
+            .field("threshold", &self.threshold)
+            .field("shared", &self.shared)
+            .field("watches", &self.watches.keys().collect::<Vec<_>>())
+            .field("subscribers", &self.subscribers.len())
+            .field("waiting", &self.waiting.len())
+            .field("running", &self.running.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Hub {
+    /// A hub sharing types from `threshold` counting logical clusters on (0: never).
+    #[must_use]
+    pub fn new(threshold: usize) -> Self {
+        Self {
+            threshold,
+            demand: Demand::default(),
+            shared: BTreeSet::new(),
+            watches: BTreeMap::new(),
+            subscribers: BTreeMap::new(),
+            waiting: VecDeque::new(),
+            running: BTreeSet::new(),
+        }
+    }
+
+    /// Whether `resource` is served by a shared watch now.
+    #[must_use]
+    pub fn is_shared(&self, resource: &GroupResource) -> bool {
+        self.shared.contains(resource)
+    }
+
+    /// The shared watches open now.
+    #[must_use]
+    pub fn shared_watches(&self) -> usize {
+        self.watches.len()
+    }
+
+    /// Share lists running now.
+    #[must_use]
+    pub fn lists_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// `cluster` does (`on`) or no longer does watch `resource` for counts.
+    pub(super) fn set_demand(&mut self, cluster: &ClusterName, resource: &GroupResource, on: bool) {
+        self.demand.set(cluster, resource, on);
+    }
+
+    /// `cluster` was let go: all its demand goes.
+    pub(super) fn withdraw(&mut self, cluster: &ClusterName) {
+        self.demand.withdraw(cluster);
+    }
+
+    /// Takes the shared set the demand now gives; whether it changed.
+    pub(super) fn refresh_shared(&mut self) -> bool {
+        if self.threshold == 0 {
+            return false;
+        }
+        let now = self.demand.shared(self.threshold, &self.shared);
+        if now == self.shared {
+            return false;
+        }
+        self.shared = now;
+        true
+    }
+
+    /// Why `resource` is served from the shared watch (`shared`) or from a watch of a logical
+    /// cluster's own: how many logical clusters count it, against the threshold (`explain`).
+    #[must_use]
+    pub fn explain(&self, resource: &GroupResource, shared: bool) -> String {
+        let clusters = self.demand.clusters(resource);
+        let (threshold, low) = (self.threshold, self.threshold - self.threshold / 4);
+        if shared {
+            format!(
+                "the shard's shared wildcard watch serves it: {clusters} logical cluster(s) count it (shared from {threshold}, until fewer than {low})"
+            )
+        } else {
+            format!(
+                "a watch of this logical cluster's own: {clusters} logical cluster(s) count it, the hub shares a type from {threshold}"
+            )
+        }
+    }
+
+    /// Watch `watch` of `cluster` (and `namespace`) reads its share of the shared watch of
+    /// `served`, opened now if it is not yet.
+    pub(super) fn subscribe(
+        &mut self,
+        watch: u64,
+        cluster: ClusterName,
+        namespace: Option<String>,
+        served: &ServedResource,
+        now: Instant,
+        effects: &mut Vec<Effect>,
+    ) {
+        let key = SharedKey {
+            resource: served.resource.clone(),
+            version: served.version.clone(),
+        };
+        if !self.watches.contains_key(&key) {
+            info!(shared = %key, "shared wildcard watch started");
+            effects.push(Effect::OpenShared {
+                key: key.clone(),
+                served: served.clone(),
+            });
+            self.watches.insert(
+                key.clone(),
+                Shared {
+                    served: served.clone(),
+                    fanout: Fanout::new(MAX_PENDING),
+                },
+            );
+            effects.push(Effect::Metric(Metric::SharedWatches(self.watches.len())));
+        }
+        self.subscribers.insert(watch, key.clone());
+        let share = Share::new(watch);
+        let entry = self.watches.get_mut(&key).expect("inserted above");
+        if let Some(join) = entry.fanout.subscribe(cluster, namespace, share) {
+            self.queue_join(key, join, now);
+        }
+        self.start_ready_joins(now, effects);
+    }
+
+    /// Watch `watch` stopped; whether it was a subscriber (then the executor has nothing to
+    /// close for it). The shared watch closes with its last subscriber.
+    pub(super) fn unsubscribe(&mut self, watch: u64, effects: &mut Vec<Effect>) -> bool {
+        let Some(key) = self.subscribers.remove(&watch) else {
+            return false;
+        };
+        let Some(entry) = self.watches.get_mut(&key) else {
+            return true;
+        };
+        entry.fanout.for_each_sink(|share| {
+            if share.watch == watch {
+                share.leave();
+            }
+        });
+        if !entry.fanout.prune() {
+            self.watches.remove(&key);
+            self.waiting.retain(|(_, k, _)| *k != key);
+            info!(shared = %key, "shared wildcard watch stopped");
+            effects.push(Effect::CloseShared { key });
+            effects.push(Effect::Metric(Metric::SharedWatches(self.watches.len())));
+        }
+        true
+    }
+
+    /// An event of the shared watch `key`: each subscriber's share, to hand to its watch.
+    pub(super) fn on_event(
+        &mut self,
+        key: &SharedKey,
+        event: SharedEvent,
+        now: Instant,
+        effects: &mut Vec<Effect>,
+    ) -> Vec<(u64, Item)> {
+        let Some(entry) = self.watches.get_mut(key) else {
+            return Vec::new();
+        };
+        let fanout = &mut entry.fanout;
+        let overflowed = match event {
+            fanout::WatchItem::Init => {
+                fanout.init();
+                Vec::new()
+            }
+            fanout::WatchItem::InitDone => {
+                fanout.init_done();
+                Vec::new()
+            }
+            fanout::WatchItem::InitApply(o) => {
+                with_seen(key, o, |seen| fanout.init_apply(seen));
+                Vec::new()
+            }
+            fanout::WatchItem::Apply(o) => with_seen(key, o, |seen| fanout.apply(seen)).unwrap_or_default(),
+            fanout::WatchItem::Delete(o) => with_seen(key, o, |seen| fanout.delete(seen)).unwrap_or_default(),
+            fanout::WatchItem::Failed(reason, message) => {
+                warn!(shared = %key, reason, error = %message, "shared wildcard watch failed; retrying");
+                fanout.failed(reason, &message);
+                Vec::new()
+            }
+        };
+        for cluster in overflowed {
+            warn!(%cluster, shared = %key, "a joining subscriber buffered too many shared events; it lists again");
+        }
+        self.rejoin_and_start(now, effects);
+        self.deliveries(key)
+    }
+
+    /// A share list asked for by [`Effect::ListShare`] ended.
+    pub(super) fn on_listed(
+        &mut self,
+        key: &SharedKey,
+        generation: u64,
+        listed: Result<(Option<u64>, Vec<ObjectEvent>), String>,
+        now: Instant,
+        effects: &mut Vec<Effect>,
+    ) -> Vec<(u64, Item)> {
+        self.running.remove(&(key.clone(), generation));
+        if let Some(entry) = self.watches.get_mut(key) {
+            let error = listed.as_ref().err().cloned();
+            if let Some(retry) = entry.fanout.joined(generation, listed) {
+                // Told to the subscriber like a failing watch, and retried with backoff.
+                warn!(cluster = %retry.cluster, shared = %key, error = error.as_deref().unwrap_or_default(), failures = retry.failures, "listing a cluster's share failed; retrying");
+                self.queue_join(key.clone(), retry, now);
+            }
+        }
+        self.rejoin_and_start(now, effects);
+        self.deliveries(key)
+    }
+
+    /// When a waiting share list may start next, if a slot is free.
+    #[must_use]
+    pub fn next_wakeup(&self) -> Option<Instant> {
+        if self.running.len() >= MAX_JOINS {
+            return None;
+        }
+        self.waiting.iter().map(|(at, _, _)| *at).min()
+    }
+
+    /// Starts the share lists whose backoff has passed, within [`MAX_JOINS`].
+    pub(super) fn tick(&mut self, now: Instant, effects: &mut Vec<Effect>) {
+        self.start_ready_joins(now, effects);
+    }
+
+    fn queue_join(&mut self, key: SharedKey, join: Join, now: Instant) {
+        self.waiting.push_back((now + join.after, key, join));
+    }
+
+    /// Subscribers that overflowed or whose shared watch failed list their share again (their
+    /// watch reads everything at once, so they have always caught up); then the lists due.
+    fn rejoin_and_start(&mut self, now: Instant, effects: &mut Vec<Effect>) {
+        let mut joins = Vec::new();
+        for (key, entry) in &mut self.watches {
+            for join in entry.fanout.rejoin_caught_up() {
+                joins.push((key.clone(), join));
+            }
+        }
+        for (key, join) in joins {
+            info!(cluster = %join.cluster, shared = %key, "a subscriber lists its share again");
+            self.queue_join(key, join, now);
+        }
+        self.start_ready_joins(now, effects);
+    }
+
+    fn start_ready_joins(&mut self, now: Instant, effects: &mut Vec<Effect>) {
+        let limit = if crate::mutation::active(crate::mutation::Mutation::UnboundedJoins) {
+            usize::MAX
+        } else {
+            MAX_JOINS
+        };
+        let mut i = 0;
+        while self.running.len() < limit && i < self.waiting.len() {
+            if self.waiting[i].0 <= now
+                && let Some((_, key, join)) = self.waiting.remove(i)
+            {
+                let Some(entry) = self.watches.get(&key) else {
+                    continue;
+                };
+                self.running.insert((key.clone(), join.generation));
+                effects.push(Effect::ListShare {
+                    key,
+                    generation: join.generation,
+                    cluster: join.cluster,
+                    namespace: join.namespace,
+                    served: entry.served.clone(),
+                });
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// What shared watch `key`'s fan-out gave each subscriber since the last call, in order
+    /// (only a call about `key` gives its subscribers anything).
+    fn deliveries(&mut self, key: &SharedKey) -> Vec<(u64, Item)> {
+        let mut out = Vec::new();
+        if let Some(entry) = self.watches.get_mut(key) {
+            entry.fanout.for_each_sink(|share| {
+                let watch = share.watch;
+                out.extend(share.take().into_iter().map(|item| (watch, item)));
+            });
+        }
+        out
+    }
+}
+
+/// Calls `f` with the fan-out's view of a shared watch's object; `None` (and a log line) for
+/// one without the `kcp.io/cluster` annotation, which no subscriber can claim.
+fn with_seen<R>(
+    key: &SharedKey,
+    shared: SharedObject,
+    f: impl FnOnce(&Seen<'_, ObjectEvent>) -> R,
+) -> Option<R> {
+    let Some(cluster) = shared.cluster else {
+        warn!(shared = %key, name = %shared.object.name, "a shared-watch object without the kcp.io/cluster annotation; ignored");
+        return None;
+    };
+    let namespace = shared.object.namespace.clone();
+    Some(f(&Seen {
+        cluster: &cluster,
+        namespace: &namespace,
+        revision: shared.object.revision,
+        object: shared.object,
+    }))
+}

@@ -1,0 +1,390 @@
+//! The Reconciler's kcp hub on a modelled shard: many logical clusters, each with a quota on one
+//! type, served by one shared wildcard watch. The executor is played by this test: it answers
+//! discoveries, lists a watch's objects, runs the shared watch and the share lists the
+//! Reconciler asks for — holding the share lists back to see how many it starts at once — and
+//! answers status writes. Checks: at most `MAX_JOINS` share lists run at once; every cluster's
+//! quota ends exactly at its objects; a burst of shared events far beyond the joining buffer's
+//! bound reaches a live subscriber whole (nothing to overflow: its share is delivered in the
+//! step that read it).
+//!
+//! The simulator (`tests/sim`) does not model kcp yet; this drives the same Reconciler through
+//! the kcp inputs directly.
+
+use std::{
+    collections::{BTreeMap, VecDeque},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::{
+    api::core::v1::{ResourceQuota, ResourceQuotaSpec, ResourceQuotaStatus},
+    apimachinery::pkg::{api::resource::Quantity as K8sQuantity, apis::meta::v1::ObjectMeta},
+};
+use lazyquota_index::{
+    engine::Projected,
+    fanout::WatchItem,
+    keys::{ClusterName, GroupResource, ObjectIds},
+    mutation::{self, Mutation},
+    reconciler::{
+        CLUSTER_ANNOTATION, ClusterEvent, Discovered, Effect, Input, MAX_JOINS, MAX_PENDING, Now, QuotaEvent,
+        Reconciler, Settings, SharedEvent, SharedKey, SharedObject,
+    },
+    resolver::ServedResource,
+    watches::ObjectEvent,
+};
+use lazyquota_quota::Time;
+
+const KEY: &str = "count/widgets.example.io";
+const CLUSTERS: usize = 40;
+
+fn widgets() -> ServedResource {
+    ServedResource {
+        resource: GroupResource::new("example.io", "widgets"),
+        version: "v1".into(),
+        kind: "Widget".into(),
+        namespaced: true,
+        verbs: ["create", "delete", "get", "list", "watch"]
+            .map(str::to_owned)
+            .to_vec(),
+    }
+}
+
+fn cluster(i: usize) -> ClusterName {
+    ClusterName::new(&format!("c{i:03}"))
+}
+
+/// Cluster i holds 1 + i % 5 widgets at first.
+fn objects_of(i: usize) -> usize {
+    1 + i % 5
+}
+
+fn quota(i: usize, rv: u64, used: Option<&str>) -> ResourceQuota {
+    let list = |v: &str| BTreeMap::from([(KEY.to_owned(), K8sQuantity(v.to_owned()))]);
+    ResourceQuota {
+        metadata: ObjectMeta {
+            name: Some("q".into()),
+            namespace: Some("ns".into()),
+            uid: Some(format!("uid-{i}")),
+            resource_version: Some(rv.to_string()),
+            annotations: Some(BTreeMap::from([(
+                CLUSTER_ANNOTATION.to_owned(),
+                cluster(i).to_string(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ResourceQuotaSpec {
+            hard: Some(list("1000000")),
+            ..ResourceQuotaSpec::default()
+        }),
+        status: used.map(|u| ResourceQuotaStatus {
+            hard: Some(list("1000000")),
+            used: Some(list(u)),
+        }),
+    }
+}
+
+/// The modelled shard and the executor around the Reconciler.
+struct Shard {
+    rec: Reconciler,
+    origin: Instant,
+    ms: u64,
+    rv: u64,
+    /// Per cluster, its widgets' names and resourceVersions.
+    objects: BTreeMap<usize, Vec<(String, u64)>>,
+    /// Share lists asked for and not answered yet.
+    lists: VecDeque<(SharedKey, u64, ClusterName)>,
+    most_lists: usize,
+    shared: Option<SharedKey>,
+    /// The last `used` written per cluster.
+    used: BTreeMap<String, String>,
+    violations: Vec<String>,
+}
+
+impl Shard {
+    fn new() -> Self {
+        let origin = Instant::now();
+        let settings = Settings {
+            cluster: ClusterName::new("*"),
+            kcp: true,
+            shard: true,
+            shared_threshold: 2,
+            resync_period: Duration::ZERO,
+            ..Settings::default()
+        };
+        let mut objects = BTreeMap::new();
+        let mut rv = 100;
+        for i in 0..CLUSTERS {
+            let names = (0..objects_of(i))
+                .map(|k| {
+                    rv += 1;
+                    (format!("w{k}"), rv)
+                })
+                .collect();
+            objects.insert(i, names);
+        }
+        Self {
+            rec: Reconciler::new(settings, ObjectIds::default(), origin),
+            origin,
+            ms: 0,
+            rv,
+            objects,
+            lists: VecDeque::new(),
+            most_lists: 0,
+            shared: None,
+            used: BTreeMap::new(),
+            violations: Vec::new(),
+        }
+    }
+
+    fn now(&self) -> Now {
+        Now {
+            instant: self.origin + Duration::from_millis(self.ms),
+            time: Time::from_unix_seconds(1_800_000_000),
+        }
+    }
+
+    fn event(name: &str, rv: u64) -> ObjectEvent {
+        ObjectEvent {
+            namespace: "ns".into(),
+            name: name.into(),
+            object: Projected::Meta,
+            revision: Some(rv),
+        }
+    }
+
+    fn feed(&mut self, input: Input) {
+        self.rec.handle(input, self.now());
+        self.carry_out();
+    }
+
+    fn tick(&mut self, ms: u64) {
+        self.ms += ms;
+        self.rec.tick(self.now());
+        self.carry_out();
+    }
+
+    /// Plays the executor: every effect answered at once, except share lists (held in
+    /// `lists` until [`Shard::answer_lists`]).
+    fn carry_out(&mut self) {
+        let mut pending: VecDeque<Effect> = self.rec.take_effects().into();
+        while let Some(effect) = pending.pop_front() {
+            let input = match effect {
+                Effect::Discover(c) => Some(Input::Discovered {
+                    cluster: c,
+                    result: Ok(Discovered {
+                        served: vec![widgets()],
+                        failed_groups: Vec::new(),
+                    }),
+                }),
+                Effect::OpenWatch { id, key, .. } => {
+                    // A watch of the cluster's own: its list at once, as one input per item.
+                    let i = Self::index_of(&key.cluster);
+                    let mut items = vec![WatchItem::Init];
+                    items.extend(
+                        self.objects[&i]
+                            .iter()
+                            .map(|(n, rv)| WatchItem::InitApply(Self::event(n, *rv))),
+                    );
+                    items.push(WatchItem::InitDone);
+                    for item in items {
+                        self.rec.handle(Input::Watch { id, item }, self.now());
+                    }
+                    pending.extend(self.rec.take_effects());
+                    None
+                }
+                Effect::OpenShared { key, .. } => {
+                    if self.shared.replace(key.clone()).is_some() {
+                        self.violations.push("a second shared watch of one type".into());
+                    }
+                    // The shared watch lists at once: every cluster's objects.
+                    let mut events = vec![SharedEvent::Init];
+                    for (i, names) in &self.objects {
+                        events.extend(
+                            names
+                                .iter()
+                                .map(|(n, rv)| SharedEvent::InitApply(Self::shared_object(*i, n, *rv))),
+                        );
+                    }
+                    events.push(SharedEvent::InitDone);
+                    for event in events {
+                        self.rec.handle(
+                            Input::Shared {
+                                key: key.clone(),
+                                event,
+                            },
+                            self.now(),
+                        );
+                    }
+                    pending.extend(self.rec.take_effects());
+                    None
+                }
+                Effect::ListShare {
+                    key,
+                    generation,
+                    cluster,
+                    ..
+                } => {
+                    self.lists.push_back((key, generation, cluster));
+                    self.most_lists = self.most_lists.max(self.lists.len());
+                    if self.lists.len() > MAX_JOINS {
+                        self.violations.push(format!(
+                            "bounds: {} share lists running at once, MAX_JOINS is {MAX_JOINS}",
+                            self.lists.len()
+                        ));
+                    }
+                    None
+                }
+                Effect::WriteStatus(write) => {
+                    let i = Self::index_of(&write.key.cluster);
+                    let used = write.used.get(KEY).map(|q| q.0.clone()).unwrap_or_default();
+                    self.used.insert(write.key.cluster.to_string(), used.clone());
+                    self.rv += 1;
+                    Some(Input::Written {
+                        key: write.key,
+                        precondition: write.precondition,
+                        result: Ok(quota(i, self.rv, Some(&used))),
+                    })
+                }
+                Effect::CloseShared { .. } => {
+                    self.shared = None;
+                    None
+                }
+                _ => None,
+            };
+            if let Some(input) = input {
+                self.rec.handle(input, self.now());
+                pending.extend(self.rec.take_effects());
+            }
+        }
+    }
+
+    fn shared_object(i: usize, name: &str, rv: u64) -> SharedObject {
+        SharedObject {
+            cluster: Some(cluster(i).to_string()),
+            object: Self::event(name, rv),
+        }
+    }
+
+    fn index_of(c: &ClusterName) -> usize {
+        (0..CLUSTERS)
+            .find(|i| cluster(*i) == *c)
+            .expect("a modelled cluster")
+    }
+
+    /// Answers the share lists asked for so far, oldest first.
+    fn answer_lists(&mut self) {
+        while let Some((key, generation, c)) = self.lists.pop_front() {
+            let i = Self::index_of(&c);
+            let objects = self.objects[&i]
+                .iter()
+                .map(|(n, rv)| Self::event(n, *rv))
+                .collect();
+            self.feed(Input::ListedShare {
+                key,
+                generation,
+                result: Ok((Some(self.rv), objects)),
+            });
+        }
+    }
+
+    /// Engages clusters `range` (LogicalClusters Ready, a quota each) and runs until quiet.
+    fn engage(&mut self, range: std::ops::Range<usize>) {
+        for i in range {
+            self.feed(Input::LogicalCluster(ClusterEvent::Applied {
+                cluster: Some(cluster(i)),
+                phase: "Ready".into(),
+                path: Some(format!("root:c{i:03}")),
+            }));
+            self.rv += 1;
+            self.feed(Input::Quota(QuotaEvent::Applied(quota(i, self.rv, None))));
+        }
+        for _ in 0..200 {
+            self.tick(100);
+        }
+    }
+}
+
+/// Runs the scenario: the first clusters engage before the shared watch lists (served by its
+/// list), the rest after (each joins with a list of its share); the lists are held back so
+/// the Reconciler's bound shows. Returns what went wrong.
+fn run() -> Result<Shard, String> {
+    let mut shard = Shard::new();
+    shard.feed(Input::LogicalCluster(ClusterEvent::RelistStarted));
+    shard.feed(Input::LogicalCluster(ClusterEvent::RelistDone));
+    shard.feed(Input::Quota(QuotaEvent::RelistStarted));
+    shard.feed(Input::Quota(QuotaEvent::RelistDone));
+    shard.engage(0..2);
+    if shard.shared.is_none() {
+        return Err("two clusters counting widgets did not open a shared watch".into());
+    }
+    shard.engage(2..CLUSTERS);
+    for _ in 0..CLUSTERS {
+        shard.answer_lists();
+        for _ in 0..20 {
+            shard.tick(100);
+        }
+    }
+    if let Some(v) = shard.violations.first() {
+        return Err(v.clone());
+    }
+    for i in 0..CLUSTERS {
+        let want = objects_of(i).to_string();
+        let got = shard.used.get(&cluster(i).to_string()).cloned();
+        if got.as_deref() != Some(want.as_str()) {
+            return Err(format!("{}: used {got:?}, {want} objects exist", cluster(i)));
+        }
+    }
+    Ok(shard)
+}
+
+#[test]
+fn share_lists_run_at_most_max_joins_at_once_and_every_workspace_counts_exactly() {
+    mutation::set(None);
+    let shard = run().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        shard.most_lists, MAX_JOINS,
+        "the clusters joining after the shared list filled every slot, and no more"
+    );
+    assert_eq!(shard.rec.hub().shared_watches(), 1);
+}
+
+#[test]
+fn mutation_unbounded_joins_is_caught() {
+    mutation::set(Some(Mutation::UnboundedJoins));
+    let outcome = run();
+    mutation::set(None);
+    let error = outcome.err().expect("share lists without a bound must be caught");
+    assert!(error.starts_with("bounds:"), "{error}");
+}
+
+#[test]
+fn a_burst_far_beyond_the_joining_buffer_reaches_a_live_subscriber_whole() {
+    mutation::set(None);
+    let mut shard = run().unwrap_or_else(|e| panic!("{e}"));
+    let key = shard.shared.clone().expect("the shared watch");
+    let burst = 3 * MAX_PENDING;
+    let i = 7;
+    for n in 0..burst {
+        shard.rv += 1;
+        let event = SharedEvent::Apply(Shard::shared_object(i, &format!("burst-{n}"), shard.rv));
+        shard.rec.handle(
+            Input::Shared {
+                key: key.clone(),
+                event,
+            },
+            shard.now(),
+        );
+    }
+    let effects = shard.rec.take_effects();
+    assert!(
+        effects.iter().all(|e| !matches!(e, Effect::ListShare { .. })),
+        "no overflow, so no list again"
+    );
+    for _ in 0..100 {
+        shard.tick(100);
+    }
+    assert_eq!(
+        shard.used.get(&cluster(i).to_string()).map(String::as_str),
+        Some((objects_of(i) + burst).to_string().as_str()),
+        "every event of the burst counted"
+    );
+}
