@@ -68,9 +68,10 @@ release_bin="$PWD/target/$(rustc --print host-tuple)/release/lazyquota"
 # whose dependencies the test build above compiled, instead of the release profile's (each bench
 # binary linked with fat LTO in one codegen unit); what they measure is the release binary
 # (LAZYQUOTA_BIN). The heap bench's bytes do not depend on the profile; its compute times do.
-phase "bench: heap (bounded)" env LAZYQUOTA_BENCH_OBJECTS=10000 cargo test --locked -p lazyquota-index --bench heap
-phase "bench: scale (bounded)" env LAZYQUOTA_BIN="$release_bin" cargo test --locked --bench scale -- --quick
-phase "bench: load and soak (bounded)" env LAZYQUOTA_BIN="$release_bin" cargo test --locked --bench load -- --quick
-phase "bench: kcp seed scenario (bounded)" env LAZYQUOTA_BIN="$release_bin" cargo test --locked --bench kcp -- --quick
+# `--workspace`: the test build's feature resolution, so no dependency is compiled again.
+phase "bench: heap (bounded)" env LAZYQUOTA_BENCH_OBJECTS=10000 cargo test --workspace --locked --bench heap
+phase "bench: scale (bounded)" env LAZYQUOTA_BIN="$release_bin" cargo test --workspace --locked --bench scale -- --quick
+phase "bench: load and soak (bounded)" env LAZYQUOTA_BIN="$release_bin" cargo test --workspace --locked --bench load -- --quick
+phase "bench: kcp seed scenario (bounded)" env LAZYQUOTA_BIN="$release_bin" cargo test --workspace --locked --bench kcp -- --quick
 # The chart's pods on two real nodes (kubelet, containerd, runc), with that binary's image.
 phase "helm on nodes" bash tests/helm/node-test.sh "$release_bin"
