@@ -21,8 +21,8 @@
 //! overflow turns into a relist, never into lost counts.
 //!
 //! Bounds: at most [`MAX_JOINS`] share lists run at once; the others wait in a queue bounded by
-//! the subscribers (one list per subscriber at most), each with its backoff (2 s doubling up to
-//! 5 minutes after failed lists). Costs: per shared type one watch (a stream over HTTP/2) and
+//! the subscribers (one list per subscriber at most), each with its backoff after failed lists
+//! (`fanout::join_backoff`). Costs: per shared type one watch (a stream over HTTP/2) and
 //! its [`Fanout`]; per subscriber its cluster name, namespace, phase and watch id.
 
 use std::{
