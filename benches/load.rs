@@ -4,7 +4,7 @@
 //! ```text
 //! cargo bench --bench load                 # 5,000 quotas / 500 namespaces / 50,000 objects,
 //!                                          # 200 deletes/s for 60 s, a 10-minute soak
-//! cargo bench --bench load -- --quick      # bounded, as CI runs it
+//! cargo bench --bench load -- --quick      # bounded (CI: `cargo test --workspace --bench load -- --quick`)
 //! cargo bench --bench load -- --quotas 1000 --namespaces 100 --objects 10000 --soak 120
 //! ```
 //!

@@ -20,7 +20,7 @@
 //!
 //! ```text
 //! cargo bench --bench kcp                               # W=200, E=20, K=5 (≈17 min)
-//! cargo bench --bench kcp -- --quick --out /tmp/kcp     # bounded (≈3-4 min), as CI does
+//! cargo bench --bench kcp -- --quick --out /tmp/kcp     # bounded (CI: `cargo test --workspace --bench kcp -- --quick`)
 //! cargo bench --bench kcp -- --workspaces 1000 --exports 50 --bindings-per-workspace 5 --settle 15 \
 //!     --out benches/results/kcp-seed                    # the seed's scale (≈53 min)
 //! ```

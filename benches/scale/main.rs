@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo bench --bench scale                      # the full run (N = 0,100,400; minutes)
-//! cargo bench --bench scale -- --quick           # a bounded run, as CI does
+//! cargo bench --bench scale -- --quick           # bounded (CI: `cargo test --workspace --bench scale -- --quick`)
 //! cargo bench --bench scale -- --crds 0,50 --pods 500 --out /tmp/x
 //! cargo bench --bench scale -- --controllers kcm,lazy --lazy-binary lto=/path/to/lazyquota
 //!                                                  # another build, side by side (benches/profile.sh)

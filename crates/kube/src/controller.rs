@@ -20,6 +20,7 @@ pub(crate) mod api_changes;
 mod config;
 pub mod discovery;
 pub mod events;
+pub mod members;
 mod quotas;
 mod shared;
 pub mod snapshot;
@@ -64,7 +65,6 @@ pub use snapshot::{QuotaKeyUsage, Snapshot, SnapshotHandle, WatchInfo};
 use watch::{WatchItem, WatchKey, WatchOptions, routed_api};
 
 use crate::{
-    kcp::members,
     now,
     operate::metrics::Metrics,
     transport::route::{Route, Routed},

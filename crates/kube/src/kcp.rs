@@ -19,7 +19,6 @@
 //! Reconciler's hub, `lazyquota_index::reconciler::Hub`; the executor's side is
 //! `controller/shared.rs`).
 
-pub mod members;
 pub mod shard;
 
 use std::{

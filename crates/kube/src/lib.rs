@@ -6,9 +6,9 @@
 //! snapshot):
 //! - [`transport`]: the HTTP stack (deadlines, HTTP/2 connection spreading, kcp's path routing);
 //! - [`controller`]: the executor that carries the Reconciler's effects out, and its IO helpers
-//!   (watch streams, discovery, Events, the snapshot it reports);
-//! - [`kcp`]: one engine per shard (its members, the shard's clients; its shared watches are
-//!   the Reconciler's hub, carried out by `controller/shared.rs`);
+//!   (watch streams, kcp's shared watches and LogicalClusters, discovery, Events, the snapshot
+//!   it reports); it uses nothing of `kcp`;
+//! - [`kcp`]: one engine per shard (the shard's clients, the restarts of its engine);
 //! - [`operate`]: what an operator sees and sets (clusters served, metrics, delegated auth,
 //!   leader election, `usage` and `explain` reports).
 

@@ -15,7 +15,9 @@ use lazyquota_index::keys::ClusterName;
 use tracing::warn;
 
 use crate::{
-    controller::watch::routed_api, kcp::members, operate::metrics::Metrics, transport::route::Route,
+    controller::{members, watch::routed_api},
+    operate::metrics::Metrics,
+    transport::route::Route,
 };
 
 /// One item per change of what a cluster may serve: CRDs and APIServices on Kubernetes; CRDs

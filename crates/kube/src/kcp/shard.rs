@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::{
     Api, Client, ResourceExt as _,
-    api::{ApiResource, DynamicObject, ListParams},
+    api::{DynamicObject, ListParams},
 };
 use lazyquota_index::keys::ClusterName;
 
@@ -21,9 +21,7 @@ use crate::{
 /// The annotation kcp puts on every object with its logical cluster's name.
 pub use lazyquota_index::reconciler::CLUSTER_ANNOTATION;
 
-/// The annotation of a LogicalCluster with its workspace's canonical path (`root:org:team`);
-/// absent on `root` and `system:*` clusters.
-pub const PATH_ANNOTATION: &str = "kcp.io/path";
+pub use crate::controller::members::{PATH_ANNOTATION, logical_cluster_resource};
 
 /// Why the shard cannot be served.
 #[derive(Debug, thiserror::Error)]
@@ -132,16 +130,5 @@ impl Shard {
                 })
             })
             .collect()
-    }
-}
-
-/// `core.kcp.io/v1alpha1` LogicalCluster: one singleton (`cluster`) per logical cluster.
-pub fn logical_cluster_resource() -> ApiResource {
-    ApiResource {
-        group: "core.kcp.io".into(),
-        version: "v1alpha1".into(),
-        api_version: "core.kcp.io/v1alpha1".into(),
-        kind: "LogicalCluster".into(),
-        plural: "logicalclusters".into(),
     }
 }

@@ -5,16 +5,33 @@
 use futures::{StreamExt as _, stream::BoxStream};
 use kube::{
     Client, Resource, ResourceExt as _,
-    api::DynamicObject,
+    api::{ApiResource, DynamicObject},
     runtime::{WatchStreamExt as _, watcher},
 };
-use lazyquota_index::{keys::ClusterName, reconciler::ClusterEvent};
+use lazyquota_index::{
+    keys::ClusterName,
+    reconciler::{CLUSTER_ANNOTATION, ClusterEvent},
+};
 
 use crate::{
     controller::watch::routed_api,
-    kcp::shard::{CLUSTER_ANNOTATION, PATH_ANNOTATION, logical_cluster_resource},
     transport::route::{Route, Routed},
 };
+
+/// The annotation of a LogicalCluster with its workspace's canonical path (`root:org:team`);
+/// absent on `root` and `system:*` clusters.
+pub const PATH_ANNOTATION: &str = "kcp.io/path";
+
+/// `core.kcp.io/v1alpha1` LogicalCluster: one singleton (`cluster`) per logical cluster.
+pub fn logical_cluster_resource() -> ApiResource {
+    ApiResource {
+        group: "core.kcp.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "core.kcp.io/v1alpha1".into(),
+        kind: "LogicalCluster".into(),
+        plural: "logicalclusters".into(),
+    }
+}
 
 /// The logical cluster a wildcard object belongs to (its `kcp.io/cluster` annotation).
 pub fn cluster_of(object: &impl Resource) -> Option<ClusterName> {
