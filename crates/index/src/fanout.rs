@@ -265,10 +265,6 @@ impl<S: Sink> Fanout<S> {
                 s.phase = Phase::Overflowed;
                 // Told at once, one item past the bound: its partitions stop counting until it
                 // has listed again, rather than reading as synced while events are dropped.
-                if crate::mutation::active(crate::mutation::Mutation::SilentOverflow) {
-                    overflowed.push(s.cluster.clone());
-                    continue;
-                }
                 s.sink.send(WatchItem::Failed(
                     "overflowed",
                     format!(

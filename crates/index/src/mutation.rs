@@ -22,9 +22,6 @@ pub enum Mutation {
     /// events came meanwhile, a quota event older than the view held replaces it, and a
     /// conflict waits (with backoff) for the quota watch instead of reading the quota afresh.
     OldWritePolicy,
-    /// 2: a kcp subscriber that overflows is not told: its partitions keep counting while the
-    /// shared events it missed are dropped.
-    SilentOverflow,
     /// 3: share lists run with no bound on how many at once.
     UnboundedJoins,
 }

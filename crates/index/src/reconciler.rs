@@ -206,12 +206,14 @@ impl Reconciler {
         } else {
             Engine::new(settings.gates)
         };
+        // Sharing is a shard's: one cluster's own watches are never shared.
+        let shared_threshold = if settings.shard {
+            settings.shared_threshold
+        } else {
+            0
+        };
         let mut reconciler = Self {
-            watches: Watches::new(
-                settings.plan(),
-                settings.shard && settings.shared_threshold > 0,
-                ids,
-            ),
+            watches: Watches::new(settings.plan(), shared_threshold > 0, ids),
             engine,
             queue: WorkQueue::new(),
             discoveries: Discoveries::new(settings.discovery_poll, MAX_DISCOVERIES),
@@ -219,11 +221,7 @@ impl Reconciler {
             members: BTreeMap::new(),
             writing: HashMap::new(),
             opened: HashMap::new(),
-            hub: Hub::new(if settings.shard {
-                settings.shared_threshold
-            } else {
-                0
-            }),
+            hub: Hub::new(shared_threshold),
             quota_relist: None,
             quotas_synced: false,
             books: Books::default(),

@@ -45,13 +45,20 @@ impl Demand {
     /// The resources to share: those at least `threshold` clusters demand, and those already
     /// shared that still have `threshold - threshold / 4` (hysteresis).
     pub fn shared(&self, threshold: usize, now: &BTreeSet<GroupResource>) -> BTreeSet<GroupResource> {
-        let low = (threshold - threshold / 4).max(1);
+        let low = low_mark(threshold);
         self.demanding
             .iter()
             .filter(|(resource, set)| set.len() >= threshold || (now.contains(*resource) && set.len() >= low))
             .map(|(r, _)| r.clone())
             .collect()
     }
+}
+
+/// Below how many demanding clusters a shared type stops being shared: `threshold -
+/// threshold / 4`, at least 1 (one cluster coming and going at the threshold makes no relist).
+#[must_use]
+pub fn low_mark(threshold: usize) -> usize {
+    (threshold - threshold / 4).max(1)
 }
 
 #[cfg(test)]

@@ -38,7 +38,7 @@ use crate::{
     fanout::{self, Fanout, Join, Seen},
     keys::{ClusterName, GroupResource},
     resolver::ServedResource,
-    sharing::Demand,
+    sharing::{Demand, low_mark},
     watches::{Item, ObjectEvent},
 };
 
@@ -224,7 +224,7 @@ impl Hub {
     #[must_use]
     pub fn explain(&self, resource: &GroupResource, shared: bool) -> String {
         let clusters = self.demand.clusters(resource);
-        let (threshold, low) = (self.threshold, self.threshold - self.threshold / 4);
+        let (threshold, low) = (self.threshold, low_mark(self.threshold));
         if shared {
             format!(
                 "the shard's shared wildcard watch serves it: {clusters} logical cluster(s) count it (shared from {threshold}, until fewer than {low})"
@@ -311,6 +311,7 @@ impl Hub {
             return Vec::new();
         };
         let fanout = &mut entry.fanout;
+        let failed = matches!(event, fanout::WatchItem::Failed(..));
         let overflowed = match event {
             fanout::WatchItem::Init => {
                 fanout.init();
@@ -332,10 +333,15 @@ impl Hub {
                 Vec::new()
             }
         };
-        for cluster in overflowed {
+        for cluster in &overflowed {
             warn!(%cluster, shared = %key, "a joining subscriber buffered too many shared events; it lists again");
         }
-        self.rejoin_and_start(now, effects);
+        // Only a failure or an overflow leaves subscribers to list again: an event's hot path
+        // touches this shared watch's subscribers once, in the fan-out, and no other watch's.
+        if failed || !overflowed.is_empty() {
+            self.rejoin(key, now);
+            self.start_ready_joins(now, effects);
+        }
         self.deliveries(key)
     }
 
@@ -357,7 +363,8 @@ impl Hub {
                 self.queue_join(key.clone(), retry, now);
             }
         }
-        self.rejoin_and_start(now, effects);
+        // A slot is free again.
+        self.start_ready_joins(now, effects);
         self.deliveries(key)
     }
 
@@ -379,20 +386,16 @@ impl Hub {
         self.waiting.push_back((now + join.after, key, join));
     }
 
-    /// Subscribers that overflowed or whose shared watch failed list their share again (their
-    /// watch reads everything at once, so they have always caught up); then the lists due.
-    fn rejoin_and_start(&mut self, now: Instant, effects: &mut Vec<Effect>) {
-        let mut joins = Vec::new();
-        for (key, entry) in &mut self.watches {
-            for join in entry.fanout.rejoin_caught_up() {
-                joins.push((key.clone(), join));
-            }
-        }
-        for (key, join) in joins {
+    /// Subscribers of `key` that overflowed or whose shared watch failed list their share
+    /// again (their watch reads everything at once, so they have always caught up).
+    fn rejoin(&mut self, key: &SharedKey, now: Instant) {
+        let Some(entry) = self.watches.get_mut(key) else {
+            return;
+        };
+        for join in entry.fanout.rejoin_caught_up() {
             info!(cluster = %join.cluster, shared = %key, "a subscriber lists its share again");
-            self.queue_join(key, join, now);
+            self.waiting.push_back((now + join.after, key.clone(), join));
         }
-        self.start_ready_joins(now, effects);
     }
 
     fn start_ready_joins(&mut self, now: Instant, effects: &mut Vec<Effect>) {

@@ -362,7 +362,7 @@ pub fn mark_shared(reports: &mut [Explain], threshold: usize) {
                     "{clusters} logical clusters of the shard watch it for counts, at least --kcp-shared-watch-threshold {threshold}"
                 )
             } else {
-                let low = (threshold - threshold / 4).max(1);
+                let low = lazyquota_index::sharing::low_mark(threshold);
                 let keep = if clusters >= low {
                     format!(" (a running lazyquota already sharing it keeps sharing down to {low})")
                 } else {
