@@ -8,6 +8,7 @@
 //!  subscribe ──► Relisting (the shared list has not begun: it serves this one too)
 //!            └─► Joining ── own list at resourceVersion L ──► Live (buffered events > L passed on)
 //!  Init of the shared watch: every subscriber ──► Relisting ── InitDone ──► Live
+//!  the shared watch fails: every subscriber (told: Failed) ──► Relisting (its caller opens it again)
 //!  more than `limit` unread (or buffered) ──► Overflowed (told: Failed) ── reader caught up ──► Joining
 //! ```
 //!
@@ -278,14 +279,30 @@ impl<S: Sink> Fanout<S> {
         overflowed
     }
 
-    /// The shared watch failed (it retries by itself): every subscriber is told, and a live
-    /// one lists its share again once its reader has caught up, as after an overflow — kube's
-    /// watcher resumes a broken watch without an event to say so, so a subscriber whose
-    /// cluster is quiet would otherwise never count again.
+    /// Whether the shared watch is in its first list or a relist (not delivering changes).
+    #[must_use]
+    pub fn is_listing(&self) -> bool {
+        self.listing
+    }
+
+    /// The shared watch failed. Every subscriber is told (its partitions stop counting) and
+    /// waits for a list of the shared watch, whatever it was doing: the caller opens the
+    /// watch again when it was live (kube's watcher resumes a broken watch without an event
+    /// to say so, so a subscriber whose cluster is quiet would otherwise never count again),
+    /// and a watch failing in its list lists again by itself. A subscriber's own list would
+    /// not do: it would count as current while the events after it wait for the shared
+    /// watch to come back.
     pub fn failed(&mut self, reason: &'static str, message: &str) {
+        let old_rule = crate::mutation::active(crate::mutation::Mutation::SharesRejoinFailedWatch);
+        if !old_rule {
+            self.listing = true;
+            self.init_seen = false;
+        }
         for s in &mut self.subscribers {
             s.sink.send(WatchItem::Failed(reason, message.to_owned()));
-            if matches!(s.phase, Phase::Live { .. }) {
+            if !old_rule {
+                s.phase = Phase::Relisting;
+            } else if matches!(s.phase, Phase::Live { .. }) {
                 s.phase = Phase::Overflowed;
             }
         }

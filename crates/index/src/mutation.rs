@@ -24,6 +24,10 @@ pub enum Mutation {
     OldWritePolicy,
     /// 3: share lists run with no bound on how many at once.
     UnboundedJoins,
+    /// Found by the simulator's kcp seeds: a shared watch that failed has its subscribers list
+    /// their share again while it is still down, so a share listed meanwhile counts as
+    /// current although the events after its list do not come until the watch is back.
+    SharesRejoinFailedWatch,
 }
 
 #[cfg(feature = "mutations")]

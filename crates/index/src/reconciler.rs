@@ -106,6 +106,9 @@ pub struct Settings {
     /// kcp: a type counted in this many logical clusters of the shard is served by one
     /// shared wildcard watch ([`Hub`]); 0: never (each cluster watches it itself).
     pub shared_threshold: usize,
+    /// kcp: shared events a subscriber joining a shared watch may buffer while its share is
+    /// listed; past this it overflows and lists again.
+    pub shared_buffer: usize,
     /// The one cluster's workspace path, named in Events.
     pub workspace: Option<String>,
 }
@@ -124,6 +127,7 @@ impl Default for Settings {
             kcp: false,
             shard: false,
             shared_threshold: 0,
+            shared_buffer: MAX_PENDING,
             workspace: None,
         }
     }
@@ -221,7 +225,7 @@ impl Reconciler {
             members: BTreeMap::new(),
             writing: HashMap::new(),
             opened: HashMap::new(),
-            hub: Hub::new(shared_threshold),
+            hub: Hub::new(shared_threshold, settings.shared_buffer.max(1)),
             quota_relist: None,
             quotas_synced: false,
             books: Books::default(),

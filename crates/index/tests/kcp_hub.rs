@@ -7,8 +7,8 @@
 //! bound reaches a live subscriber whole (nothing to overflow: its share is delivered in the
 //! step that read it).
 //!
-//! The simulator (`tests/sim`) does not model kcp yet; this drives the same Reconciler through
-//! the kcp inputs directly.
+//! The simulator's kcp seeds (`tests/sim`, `world/kcp.rs`) explore faults and interleavings on
+//! a shard of a few clusters; this drives the same Reconciler at a larger scale.
 
 use std::{
     collections::{BTreeMap, VecDeque},

@@ -346,6 +346,7 @@ impl Controller {
             Metric::Discovery(result) => self.metrics.discovery(result),
             Metric::Engaged(clusters) => self.metrics.kcp_engaged(clusters),
             Metric::SharedWatches(watches) => self.metrics.kcp_shared_watches(watches),
+            Metric::ShareOverflow(resource) => self.metrics.kcp_share_overflow(&resource),
         }
     }
 

@@ -215,20 +215,43 @@ fn a_subscriber_that_falls_behind_overflows_instead_of_growing_without_bound() {
 }
 
 #[test]
-fn a_shared_watch_failing_makes_its_live_subscribers_list_their_share_again() {
+fn a_shared_watch_failing_leaves_every_subscriber_to_its_next_list() {
     let mut f = Fanout::new(64);
     let (a, _) = subscribed(&mut f, "a");
     live(&mut f);
+    // 'b' subscribes late: its own list is in flight when the watch fails.
+    let (b, join) = subscribed(&mut f, "b");
+    let join = join.expect("a late subscriber lists its share");
     a.0.borrow_mut().drain();
     f.failed("cut", "eof");
     assert!(matches!(
         a.0.borrow().queue.back(),
         Some(WatchItem::Failed("cut", _))
     ));
-    // kube's watcher resumes without a word: the subscriber's own list proves its share.
-    a.0.borrow_mut().drain();
-    let joins: Vec<ClusterName> = f.rejoin_caught_up().into_iter().map(|j| j.cluster).collect();
-    assert_eq!(joins, vec![ClusterName::new("a")]);
+    assert!(f.is_listing(), "the watch is opened again and lists");
+    assert!(
+        f.rejoin_caught_up().is_empty(),
+        "no share lists: the watch's own list serves every subscriber"
+    );
+    // b's list ends while the watch is down: ignored, so b does not count from it while the
+    // events after it wait for the watch.
+    assert_eq!(f.joined(join.generation, Ok((Some(5), Vec::new()))), None);
+    assert!(
+        !b.0.borrow()
+            .queue
+            .iter()
+            .any(|i| matches!(i, WatchItem::InitDone)),
+        "b counts nothing before the watch lists again"
+    );
+    let (c, join) = subscribed(&mut f, "c");
+    assert_eq!(
+        join, None,
+        "a subscriber arriving now is served by the coming list"
+    );
+    live(&mut f);
+    for sink in [&a, &b, &c] {
+        assert!(matches!(sink.0.borrow().queue.back(), Some(WatchItem::InitDone)));
+    }
 }
 
 // ---- the property ------------------------------------------------------------------------
@@ -401,7 +424,11 @@ impl World {
             }
             Op::Deliver(n) => self.deliver(n),
             Op::Relist => self.relist(),
-            Op::Fail => self.fanout.failed("test", "cut"),
+            Op::Fail => {
+                // The hub opens a failed watch again: what comes next is its list.
+                self.fanout.failed("test", "cut");
+                self.listed = false;
+            }
             Op::Subscribe { cluster, ns } => {
                 if self.subscribers.len() >= 6 {
                     return;

@@ -42,7 +42,8 @@ use crate::{
     watches::{Item, ObjectEvent},
 };
 
-/// Events a joining subscriber may buffer before it overflows (and lists again).
+/// Events a joining subscriber may buffer before it overflows (and lists again), by default
+/// ([`super::Settings::shared_buffer`]).
 pub const MAX_PENDING: usize = 16_384;
 
 /// Share lists running at once, at most (as many as the watches' fills).
@@ -139,6 +140,8 @@ struct Shared {
 pub struct Hub {
     /// Types are shared from this many counting logical clusters on; 0: never.
     threshold: usize,
+    /// Events a joining subscriber may buffer.
+    buffer: usize,
     demand: Demand,
     shared: BTreeSet<GroupResource>,
     watches: BTreeMap<SharedKey, Shared>,
@@ -164,11 +167,13 @@ impl fmt::Debug for Hub {
 }
 
 impl Hub {
-    /// A hub sharing types from `threshold` counting logical clusters on (0: never).
+    /// A hub sharing types from `threshold` counting logical clusters on (0: never), whose
+    /// joining subscribers buffer at most `buffer` events each.
     #[must_use]
-    pub fn new(threshold: usize) -> Self {
+    pub fn new(threshold: usize, buffer: usize) -> Self {
         Self {
             threshold,
+            buffer,
             demand: Demand::default(),
             shared: BTreeSet::new(),
             watches: BTreeMap::new(),
@@ -261,7 +266,7 @@ impl Hub {
                 key.clone(),
                 Shared {
                     served: served.clone(),
-                    fanout: Fanout::new(MAX_PENDING),
+                    fanout: Fanout::new(self.buffer),
                 },
             );
             effects.push(Effect::Metric(Metric::SharedWatches(self.watches.len())));
@@ -311,7 +316,11 @@ impl Hub {
             return Vec::new();
         };
         let fanout = &mut entry.fanout;
-        let failed = matches!(event, fanout::WatchItem::Failed(..));
+        // A shared watch failing after its list is opened again: its list serves every
+        // subscriber (one list of the type, not one per subscriber), and until it ends none
+        // counts. Failing in its list, kube's watcher lists again by itself.
+        let restart = matches!(event, fanout::WatchItem::Failed(..)) && !fanout.is_listing();
+        let old_rule = crate::mutation::active(crate::mutation::Mutation::SharesRejoinFailedWatch);
         let overflowed = match event {
             fanout::WatchItem::Init => {
                 fanout.init();
@@ -335,10 +344,27 @@ impl Hub {
         };
         for cluster in &overflowed {
             warn!(%cluster, shared = %key, "a joining subscriber buffered too many shared events; it lists again");
+            effects.push(Effect::Metric(Metric::ShareOverflow(
+                key.resource
+                    .object_count_name()
+                    .trim_start_matches("count/")
+                    .to_owned(),
+            )));
         }
-        // Only a failure or an overflow leaves subscribers to list again: an event's hot path
+        if restart && !old_rule {
+            info!(shared = %key, "shared wildcard watch failed after its list: opened again to list afresh");
+            let served = entry.served.clone();
+            // Share lists not started yet would serve nobody: the watch's list serves all.
+            self.waiting.retain(|(_, k, _)| k != key);
+            effects.push(Effect::CloseShared { key: key.clone() });
+            effects.push(Effect::OpenShared {
+                key: key.clone(),
+                served,
+            });
+        }
+        // Only an overflow leaves subscribers to list their share again: an event's hot path
         // touches this shared watch's subscribers once, in the fan-out, and no other watch's.
-        if failed || !overflowed.is_empty() {
+        if !overflowed.is_empty() || (restart && old_rule) {
             self.rejoin(key, now);
             self.start_ready_joins(now, effects);
         }
@@ -386,8 +412,8 @@ impl Hub {
         self.waiting.push_back((now + join.after, key, join));
     }
 
-    /// Subscribers of `key` that overflowed or whose shared watch failed list their share
-    /// again (their watch reads everything at once, so they have always caught up).
+    /// Subscribers of `key` that overflowed list their share again (their watch reads
+    /// everything at once, so they have always caught up).
     fn rejoin(&mut self, key: &SharedKey, now: Instant) {
         let Some(entry) = self.watches.get_mut(key) else {
             return;

@@ -200,4 +200,7 @@ pub enum Metric {
     Engaged(usize),
     /// kcp: shared wildcard watches open now.
     SharedWatches(usize),
+    /// kcp: a joining subscriber of the shared watch of this resource (label) buffered more
+    /// than its bound and lists its share again.
+    ShareOverflow(String),
 }

@@ -29,7 +29,7 @@ const PARTS: u64 = 8;
 
 /// Fault kinds every part of the CI range must see fire, and how often at least (per seed of
 /// the part): a change that stops a fault from firing fails here, not silently.
-const FLOORS: [(&str, f64); 12] = [
+const FLOORS: [(&str, f64); 23] = [
     ("slow_response", 0.2),
     ("watch_cut", 0.5),
     ("watch_gone", 0.5),
@@ -42,6 +42,18 @@ const FLOORS: [(&str, f64); 12] = [
     ("write_hung", 0.2),
     ("write_409", 0.2),
     ("denied", 1.0),
+    // kcp seeds (three in ten)
+    ("binding", 0.2),
+    ("workspace_inactive", 0.08),
+    ("workspace_ready", 0.03),
+    ("workspace_deleted", 0.02),
+    ("cluster_relist", 0.05),
+    ("shared_cut", 0.04),
+    ("shared_gone", 0.04),
+    ("share_list", 0.5),
+    ("share_list_error", 0.03),
+    ("share_overflow", 0.01),
+    ("burst", 0.1),
 ];
 
 fn failure(seed: u64, mutation: Option<Mutation>, report: &Report) -> String {
@@ -239,4 +251,14 @@ fn mutation_writing_before_the_watches_caught_up_is_caught() {
 #[test]
 fn mutation_6_the_old_write_policy_is_caught() {
     expect_caught(Mutation::OldWritePolicy, "liveness");
+}
+
+#[test]
+fn mutation_a_failed_shared_watch_rejoined_by_share_lists_is_caught() {
+    expect_caught(Mutation::SharesRejoinFailedWatch, "safety");
+}
+
+#[test]
+fn mutation_3_unbounded_share_lists_is_caught() {
+    expect_caught(Mutation::UnboundedJoins, "bounds");
 }

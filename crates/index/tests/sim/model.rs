@@ -9,35 +9,58 @@ use k8s_openapi::{
     api::core::v1::{ResourceQuota, ResourceQuotaSpec, ResourceQuotaStatus},
     apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::ObjectMeta},
 };
+use lazyquota_index::reconciler::CLUSTER_ANNOTATION;
 
-/// The resources tenants create.
+/// The resources tenants create: built-in ConfigMaps and Pods, and on kcp Widgets, a type a
+/// logical cluster serves once its APIBinding is bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Res {
     ConfigMaps,
     Pods,
+    Widgets,
 }
 
-impl Res {
-    pub fn name(self) -> &'static str {
-        match self {
-            Res::ConfigMaps => "configmaps",
-            Res::Pods => "pods",
-        }
-    }
+/// The quota key counting widgets.
+pub const WIDGETS_KEY: &str = "count/widgets.example.io";
 
+impl Res {
     pub fn of(resource: &str) -> Option<Res> {
         match resource {
             "configmaps" => Some(Res::ConfigMaps),
             "pods" => Some(Res::Pods),
+            "widgets" => Some(Res::Widgets),
+            _ => None,
+        }
+    }
+
+    /// The resource a quota key is computed from (`None`: no evaluator claims it).
+    pub fn of_key(key: &str) -> Option<Res> {
+        match key {
+            "count/configmaps" => Some(Res::ConfigMaps),
+            "pods" | "count/pods" | "requests.cpu" => Some(Res::Pods),
+            WIDGETS_KEY => Some(Res::Widgets),
             _ => None,
         }
     }
 }
 
-/// One object: a ConfigMap, or a running pod requesting `cpu_m` millicores.
+/// Where an object or quota lives: a namespace of a logical cluster, written `cluster|namespace`
+/// (as the reconciler names a quota: `cluster|namespace/name`). Admission and the truth are
+/// per place, as kcp's quota admission is per logical cluster's namespace.
+pub fn place(cluster: &str, namespace: &str) -> String {
+    format!("{cluster}|{namespace}")
+}
+
+/// A place's logical cluster and namespace.
+pub fn split(place: &str) -> (&str, &str) {
+    place.split_once('|').expect("a place is cluster|namespace")
+}
+
+/// One object: a ConfigMap, a Widget, or a running pod requesting `cpu_m` millicores.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Obj {
     pub res: Res,
+    /// Its place ([`place`]).
     pub namespace: String,
     pub name: String,
     pub cpu_m: i64,
@@ -53,6 +76,7 @@ impl Obj {
         match self.res {
             Res::ConfigMaps => vec![("count/configmaps", 1000)],
             Res::Pods => vec![("pods", 1000), ("count/pods", 1000), ("requests.cpu", self.cpu_m)],
+            Res::Widgets => vec![(WIDGETS_KEY, 1000)],
         }
     }
 }
@@ -60,6 +84,7 @@ impl Obj {
 /// A quota as the model stores it.
 #[derive(Clone, Debug)]
 pub struct Quota {
+    /// Its place ([`place`]).
     pub namespace: String,
     pub name: String,
     pub uid: String,
@@ -109,12 +134,17 @@ impl Quota {
             .iter()
             .map(|(k, v)| (k.clone(), Quantity(quantity_string(k, *v))))
             .collect();
+        let (cluster, namespace) = split(&self.namespace);
+        // On a kcp shard a wildcard watch names each quota's logical cluster so.
+        let annotations = (cluster != crate::world::CLUSTER)
+            .then(|| BTreeMap::from([(CLUSTER_ANNOTATION.to_owned(), cluster.to_owned())]));
         ResourceQuota {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
-                namespace: Some(self.namespace.clone()),
+                namespace: Some(namespace.to_owned()),
                 uid: Some(self.uid.clone()),
                 resource_version: Some(self.rv.to_string()),
+                annotations,
                 ..ObjectMeta::default()
             },
             spec: Some(ResourceQuotaSpec {

@@ -16,19 +16,26 @@ use lazyquota_index::{
     keys::{ClusterName, GroupResource, Need, ObjectIds},
     mutation::{self, Mutation},
     planner::Mode,
-    reconciler::{Discovered, Effect, Failure, Input, Now, QuotaEvent, Reconciler, Settings, StatusWrite},
+    reconciler::{
+        ClusterEvent, Discovered, Effect, Failure, Input, Metric, Now, QuotaEvent, Reconciler, Settings,
+        SharedKey, StatusWrite,
+    },
     resolver::ServedResource,
     watches::{Item, ObjectEvent},
 };
 use lazyquota_quota::{FeatureGates, Interner, PodProjection, Time};
 
-use crate::model::{Obj, Res, Server, milli};
+use crate::model::{Obj, Res, Server, WIDGETS_KEY, milli, place, split};
 
 mod checks;
+mod effects;
+mod kcp;
 mod server;
 mod tenants;
 mod trace;
 mod watches;
+
+use kcp::Kcp;
 
 use trace::{describe, describe_effect, describe_input, describe_quota};
 
@@ -76,12 +83,22 @@ impl Rng {
     }
 }
 
+/// A watch the model serves: one of a cluster's own (by the reconciler's id), or on kcp a
+/// shared wildcard watch of a type.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Wid {
+    Own(u64),
+    Shared(SharedKey),
+}
+
 #[derive(Debug)]
 enum Ev {
     Tenant,
     Store(Obj),
+    /// An item of a watch; its objects name their place (`cluster|namespace`), made into
+    /// what the apiserver sends when delivered.
     Item {
-        id: u64,
+        id: Wid,
         generation: u64,
         item: Item,
     },
@@ -95,14 +112,14 @@ enum Ev {
         fault: WriteFault,
     },
     ServeList {
-        id: u64,
+        id: Wid,
         generation: u64,
     },
     ServeFill {
         input: Input,
     },
     Resume {
-        id: u64,
+        id: Wid,
         generation: u64,
         relist: bool,
     },
@@ -110,6 +127,17 @@ enum Ev {
     QuotaRelist,
     /// Shadow mode: the model's KCM writes the namespace's quotas.
     Kcm(String),
+    /// kcp: an event of the LogicalCluster watch.
+    Cluster(ClusterEvent),
+    /// kcp: a tenant creates several objects in a place at once.
+    Burst(String),
+    /// kcp: the list of one logical cluster's share of a shared watch runs.
+    ServeShare {
+        key: SharedKey,
+        generation: u64,
+        cluster: ClusterName,
+        namespace: Option<String>,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,6 +152,8 @@ enum WriteFault {
 struct Watch {
     generation: u64,
     res: Res,
+    /// The logical cluster watched; `None`: every one (a shared wildcard watch).
+    cluster: Option<String>,
     namespace: Option<String>,
     need: Need,
     live: bool,
@@ -133,11 +163,15 @@ struct Watch {
 
 impl Watch {
     fn sees(&self, obj: &Obj) -> bool {
-        obj.res == self.res && self.namespace.as_ref().is_none_or(|ns| *ns == obj.namespace)
+        let (cluster, namespace) = split(&obj.namespace);
+        obj.res == self.res
+            && self.cluster.as_ref().is_none_or(|c| c == cluster)
+            && self.namespace.as_ref().is_none_or(|ns| ns == namespace)
     }
 }
 
-const CLUSTER: &str = "default";
+/// The one cluster of a seed that is not kcp's.
+pub const CLUSTER: &str = "default";
 /// A quota key no evaluator claims (shadow seeds only).
 pub const UNCLAIMED: &str = "example.com/widgets";
 const NAMESPACES: [&str; 3] = ["ns-0", "ns-1", "ns-2"];
@@ -155,7 +189,7 @@ pub struct World {
     queue: BTreeMap<(u64, u64), Ev>,
     server: Server,
     rec: Reconciler,
-    watches: BTreeMap<u64, Watch>,
+    watches: BTreeMap<Wid, Watch>,
     next_generation: u64,
     quota_generation: u64,
     quota_last_at: u64,
@@ -163,19 +197,27 @@ pub struct World {
     /// The phase with tenants and faults ends at this time (and after [`MIN_STEPS`]).
     main_until: u64,
     main: bool,
-    threshold: usize,
     /// Shadow mode: lazyquota never writes; the model's KCM does.
     shadow: bool,
     interner: Interner,
     names: u64,
+    /// The places tenants may use: every namespace of every logical cluster.
+    places: Vec<String>,
+    /// kcp seeds: the shard's logical clusters, bindings and shared watches.
+    kcp: Option<Kcp>,
     report: Report,
 }
 
 fn served(res: Res) -> ServedResource {
+    let (resource, kind) = match res {
+        Res::ConfigMaps => (GroupResource::core("configmaps"), "ConfigMap"),
+        Res::Pods => (GroupResource::core("pods"), "Pod"),
+        Res::Widgets => (GroupResource::new("example.io", "widgets"), "Widget"),
+    };
     ServedResource {
-        resource: GroupResource::core(res.name()),
+        resource,
         version: "v1".into(),
-        kind: if res == Res::Pods { "Pod" } else { "ConfigMap" }.into(),
+        kind: kind.into(),
         namespaced: true,
         verbs: ["create", "delete", "get", "list", "patch", "update", "watch"]
             .map(String::from)
@@ -189,7 +231,7 @@ impl World {
         let threshold = if rng.percent(40) { 1 } else { 8 };
         let shadow = rng.percent(15);
         let origin = Instant::now();
-        let settings = Settings {
+        let mut settings = Settings {
             cluster: ClusterName::new(CLUSTER),
             mode: Mode::Lazy,
             resync_period: RESYNC,
@@ -197,6 +239,13 @@ impl World {
             namespace_watch_threshold: threshold,
             shadow,
             ..Settings::default()
+        };
+        // Three seeds in ten model a kcp shard (drawn apart from the run's generator, so every
+        // other seed runs as it did before kcp was modelled).
+        let kcp = kcp::is_kcp_seed(options.seed).then(|| Kcp::new(&mut rng, &mut settings));
+        let places = match &kcp {
+            Some(k) => k.places(),
+            None => NAMESPACES.iter().map(|ns| place(CLUSTER, ns)).collect(),
         };
         let rec = Reconciler::new(settings, ObjectIds::new(std::hash::RandomState::new()), origin);
         let main_until = rng.range(4_000, 10_000);
@@ -215,27 +264,29 @@ impl World {
             forbidden_until: BTreeMap::new(),
             main_until,
             main: true,
-            threshold,
             shadow,
             interner: Interner::new(),
             names: 0,
+            places,
+            kcp,
             report: Report {
                 trace: Vec::new(),
                 ..Report::default()
             },
         };
-        for ns in NAMESPACES {
+        for p in world.places.clone() {
             if world.rng.percent(80) {
                 let hard = world.random_hard();
-                world.server.put_quota(ns, "q", hard);
+                world.server.put_quota(&p, "q", hard);
             }
         }
         world.trace_line(|| format!("threshold {threshold}, tenants until {main_until} ms"));
         if world.shadow {
-            for ns in NAMESPACES {
-                world.kcm_soon(ns);
+            for p in world.places.clone() {
+                world.kcm_soon(&p);
             }
         }
+        world.start_kcp();
         world.schedule_quota_relist(1);
         world.at(5, Ev::Tenant);
         world.at(50, Ev::Fault);
@@ -255,6 +306,9 @@ impl World {
         }
         if self.rng.percent(40) {
             hard.insert("requests.cpu".into(), 100 * self.rng.range(4, 15).cast_signed());
+        }
+        if self.kcp.is_some() && self.rng.percent(50) {
+            hard.insert(WIDGETS_KEY.into(), 1000 * self.rng.range(2, 6).cast_signed());
         }
         if hard.is_empty() {
             hard.insert("count/configmaps".into(), 3000);
@@ -352,11 +406,18 @@ impl World {
         for res in lifted {
             self.forbidden_until.insert(res, self.now);
         }
+        self.end_kcp_faults();
     }
 
     fn step(&mut self, ev: Ev) {
         match ev {
             Ev::Tenant => self.tenant(),
+            Ev::Store(obj) if self.cluster_gone(&obj.namespace) => {
+                // Its logical cluster was deleted while the create was in flight.
+                self.server
+                    .in_flight
+                    .retain(|o| !(o.namespace == obj.namespace && o.name == obj.name));
+            }
             Ev::Store(mut obj) => {
                 self.trace_line(|| format!("stored {}/{}", obj.namespace, obj.name));
                 let rv = self.server.store(obj.clone());
@@ -367,8 +428,18 @@ impl World {
             }
             Ev::Item { id, generation, item } => {
                 if self.watches.get(&id).is_some_and(|w| w.generation == generation) {
-                    self.trace_line(|| format!("watch {id} ← {}", describe(&item)));
-                    self.rec.handle(Input::Watch { id, item }, self.now());
+                    self.trace_line(|| format!("watch {id:?} ← {}", describe(&item)));
+                    let input = match id {
+                        Wid::Own(id) => Input::Watch {
+                            id,
+                            item: watches::as_served(item),
+                        },
+                        Wid::Shared(key) => Input::Shared {
+                            key,
+                            event: watches::as_shared(item),
+                        },
+                    };
+                    self.rec.handle(input, self.now());
                 }
             }
             Ev::Quota { generation, event } => {
@@ -388,116 +459,27 @@ impl World {
                 self.rec.handle(input, self.now());
             }
             Ev::ServerWrite { write, fault } => self.server_write(write, fault),
-            Ev::ServeList { id, generation } => self.serve_list(id, generation),
+            Ev::ServeList { id, generation } => self.serve_list(&id, generation),
             Ev::ServeFill { input } => self.serve_fill(input),
             Ev::Resume {
                 id,
                 generation,
                 relist,
-            } => self.resume(id, generation, relist),
+            } => self.resume(&id, generation, relist),
             Ev::Fault => self.fault(),
             Ev::QuotaRelist => self.quota_relist(),
             Ev::Kcm(ns) => self.kcm(&ns),
-        }
-    }
-
-    // ---- the reconciler's effects -----------------------------------------------------------
-
-    fn carry_out(&mut self) {
-        let effects = self.rec.take_effects();
-        if effects.len() > 10_000 {
-            self.violation(format!("bounds: {} effects from one step", effects.len()));
-        }
-        for effect in effects {
-            self.trace_line(|| format!("  → {}", describe_effect(&effect)));
-            match effect {
-                Effect::OpenWatch { id, key, .. } => {
-                    let Some(res) = Res::of(&key.resource.resource) else {
-                        self.violation(format!(
-                            "laziness: a watch of {} nobody demands",
-                            key.resource.resource
-                        ));
-                        continue;
-                    };
-                    self.next_generation += 1;
-                    let generation = self.next_generation;
-                    self.watches.insert(
-                        id,
-                        Watch {
-                            generation,
-                            res,
-                            namespace: key.namespace.clone(),
-                            need: key.need,
-                            live: false,
-                            delivered_rv: 0,
-                            last_at: self.now,
-                        },
-                    );
-                    let delay = self.rng.range(1, 30);
-                    self.at(delay, Ev::ServeList { id, generation });
-                }
-                Effect::CloseWatch { id } => {
-                    self.watches.remove(&id);
-                }
-                Effect::Fill { key, namespace, .. } => {
-                    let delay = self.rng.range(2, 40);
-                    let input = Input::Filled {
-                        key,
-                        namespace,
-                        listed: Ok(Vec::new()),
-                    };
-                    self.at(delay, Ev::ServeFill { input });
-                }
-                Effect::Discover(cluster) => {
-                    let result = if self.main && self.rng.percent(10) {
-                        self.fired("discovery_error");
-                        Err("discovery: 503".to_owned())
-                    } else {
-                        Ok(Discovered {
-                            served: vec![served(Res::ConfigMaps), served(Res::Pods)],
-                            failed_groups: Vec::new(),
-                        })
-                    };
-                    let delay = self.rng.range(2, 50);
-                    self.at(delay, Ev::Answer(Input::Discovered { cluster, result }));
-                }
-                Effect::WriteStatus(write) if self.shadow => {
-                    self.violation(format!("shadow: lazyquota wrote the status of {}", write.key));
-                }
-                Effect::WriteStatus(write) => {
-                    let fault = if !self.main {
-                        WriteFault::None
-                    } else if self.rng.percent(6) {
-                        WriteFault::ServerError
-                    } else if self.rng.percent(3) {
-                        let applied = self.rng.percent(50);
-                        WriteFault::Hung { applied }
-                    } else {
-                        WriteFault::None
-                    };
-                    let delay = self.rng.range(1, 20);
-                    self.at(delay, Ev::ServerWrite { write, fault });
-                }
-                Effect::ReadQuota(key) => {
-                    let result = self
-                        .server
-                        .quotas
-                        .get(&(key.namespace.to_string(), key.name.to_string()))
-                        .map(crate::model::Quota::to_k8s)
-                        .ok_or(Failure {
-                            code: Some(404),
-                            message: "not found".into(),
-                        });
-                    let delay = self.rng.range(1, 20);
-                    self.at(delay, Ev::Answer(Input::Read { key, result }));
-                }
-                Effect::Event { .. } | Effect::Disengaged(_) | Effect::Metric(_) => {}
-                Effect::OpenShared { .. } | Effect::CloseShared { .. } | Effect::ListShare { .. } => {
-                    self.violation(format!(
-                        "a shared-watch effect from a one-cluster reconciler: {effect:?}"
-                    ));
-                }
+            Ev::Cluster(event) => {
+                self.trace_line(|| format!("logical cluster watch ← {event:?}"));
+                self.rec.handle(Input::LogicalCluster(event), self.now());
             }
+            Ev::Burst(ns) => self.burst(&ns),
+            Ev::ServeShare {
+                key,
+                generation,
+                cluster,
+                namespace,
+            } => self.serve_share(key, generation, &cluster, namespace.as_deref()),
         }
     }
 }

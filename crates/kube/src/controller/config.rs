@@ -81,6 +81,7 @@ pub(super) fn settings(config: &Config, shard: bool) -> Settings {
         kcp: config.kcp,
         shard,
         shared_threshold: config.shared_threshold,
+        shared_buffer: lazyquota_index::reconciler::MAX_PENDING,
         workspace: config.workspace.clone(),
     }
 }

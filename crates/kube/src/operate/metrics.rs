@@ -99,6 +99,7 @@ pub struct Metrics {
     unavailable_groups: IntGaugeVec,
     kcp_engaged: IntGauge,
     kcp_shared: IntGauge,
+    kcp_share_overflows: IntCounterVec,
     quota_used: GaugeVec,
     quota_hard: GaugeVec,
     quota_ratio: GaugeVec,
@@ -285,6 +286,12 @@ impl Metrics {
                 "lazyquota_kcp_shared_watches",
                 "kcp: shared wildcard watches running (one per type that enough logical clusters watch).",
             ),
+            kcp_share_overflows: counter(
+                &r,
+                "lazyquota_kcp_share_overflows_total",
+                "kcp: subscribers joining a shared watch that buffered more events than their bound while their share was listed, and list it again.",
+                &["resource"],
+            ),
             quota_used: float_gauge_vec(
                 &r,
                 "lazyquota_quota_used",
@@ -366,6 +373,11 @@ impl Metrics {
     /// kcp: how many shared wildcard watches run now.
     pub fn kcp_shared_watches(&self, watches: usize) {
         self.kcp_shared.set(i64::try_from(watches).unwrap_or(i64::MAX));
+    }
+
+    /// kcp: counts a joining subscriber's overflow.
+    pub fn kcp_share_overflow(&self, resource: &str) {
+        self.kcp_share_overflows.with_label_values(&[resource]).inc();
     }
 
     /// Counts a discovery run.

@@ -83,7 +83,19 @@ impl World {
             );
             return;
         }
-        let qkey = (key.namespace.to_string(), key.name.to_string());
+        if !self.serves(key.cluster.as_str()) {
+            let delay = self.rng.range(1, 20);
+            answer(
+                self,
+                delay,
+                Err(Failure {
+                    code: Some(403),
+                    message: "the logical cluster is not ready".into(),
+                }),
+            );
+            return;
+        }
+        let qkey = (place(key.cluster.as_str(), &key.namespace), key.name.to_string());
         let Some(q) = self.server.quotas.get(&qkey) else {
             self.fired("write_404");
             let delay = self.rng.range(1, 20);
@@ -112,14 +124,14 @@ impl World {
         }
         // Safety: no key written below the objects that exist (and those charged in flight).
         for (k, v) in &write.used {
-            let truth = self.server.truth_at(&key.namespace, &key.name, k, q.rv);
+            let truth = self.server.truth_at(&qkey.0, &key.name, k, q.rv);
             match milli(&v.0) {
                 Some(written) if written >= truth => {}
                 Some(written) => {
                     let stored = q.used.as_ref().and_then(|u| u.get(k)).cloned();
                     self.violation(format!(
-                        "safety: {}/{} written {k} = {} ({written} milli) below the truth {truth} milli (stored was {stored:?}, precondition {:?})",
-                        key.namespace, key.name, v.0, write.precondition
+                        "safety: {key} written {k} = {} ({written} milli) below the truth {truth} milli (stored was {stored:?}, precondition {:?})",
+                        v.0, write.precondition
                     ));
                     return;
                 }

@@ -9,15 +9,25 @@ impl World {
         if !self.main {
             return;
         }
-        let ns = (*self.rng.pick(&NAMESPACES).unwrap()).to_owned();
-        match self.rng.range(0, 99) {
-            0..40 => self.create(Res::ConfigMaps, &ns),
-            40..60 => self.delete_one(Res::ConfigMaps, &ns),
-            60..75 => self.create(Res::Pods, &ns),
-            75..87 => self.delete_one(Res::Pods, &ns),
-            87..92 => self.edit_quota(&ns),
-            92..95 => self.toggle_second_quota(&ns),
-            _ => {}
+        // Tenants work in logical clusters kcp serves (every place off kcp).
+        let open: Vec<String> = self
+            .places
+            .iter()
+            .filter(|p| self.open_to_tenants(split(p).0))
+            .cloned()
+            .collect();
+        if let Some(ns) = self.rng.pick(&open).cloned() {
+            match (self.kcp.is_some(), self.rng.range(0, 99)) {
+                (false, 0..40) | (true, 0..30) => self.create(Res::ConfigMaps, &ns),
+                (false, 40..60) | (true, 30..45) => self.delete_one(Res::ConfigMaps, &ns),
+                (false, 60..75) | (true, 45..57) => self.create(Res::Pods, &ns),
+                (false, 75..87) | (true, 57..66) => self.delete_one(Res::Pods, &ns),
+                (true, 66..78) if self.bound(split(&ns).0) => self.create(Res::Widgets, &ns),
+                (true, 78..86) => self.delete_one(Res::Widgets, &ns),
+                (false, 87..92) | (true, 86..91) => self.edit_quota(&ns),
+                (false, 92..95) | (true, 91..95) => self.toggle_second_quota(&ns),
+                _ => {}
+            }
         }
         let next = self.rng.range(5, 120);
         self.at(next, Ev::Tenant);
@@ -25,7 +35,11 @@ impl World {
 
     pub(super) fn create(&mut self, res: Res, ns: &str) {
         self.names += 1;
-        let prefix = if res == Res::Pods { "pod" } else { "cm" };
+        let prefix = match res {
+            Res::ConfigMaps => "cm",
+            Res::Pods => "pod",
+            Res::Widgets => "widget",
+        };
         let obj = Obj {
             res,
             namespace: ns.to_owned(),
@@ -86,7 +100,12 @@ impl World {
             return;
         };
         let mut hard = q.hard.clone();
-        let k = *self.rng.pick(&["pods", "requests.cpu"]).unwrap();
+        let keys: &[&str] = if self.kcp.is_some() {
+            &["pods", "requests.cpu", WIDGETS_KEY]
+        } else {
+            &["pods", "requests.cpu"]
+        };
+        let k = *self.rng.pick(keys).unwrap();
         if hard.remove(k).is_none() {
             let now = self.server.stored(ns, k);
             hard.insert(k.to_owned(), now.max(1000) + 2000);
@@ -122,36 +141,44 @@ impl World {
         if !self.main {
             return;
         }
-        let live: Vec<u64> = self
+        let live: Vec<Wid> = self
             .watches
             .iter()
             .filter(|(_, w)| w.live)
-            .map(|(id, _)| *id)
+            .map(|(id, _)| id.clone())
             .collect();
-        match self.rng.range(0, 5) {
+        let kinds = if self.kcp.is_some() { 7 } else { 5 };
+        match self.rng.range(0, kinds) {
             0 => {
-                if let Some(id) = self.rng.pick(&live).copied() {
-                    self.fired("watch_cut");
-                    self.fail(id, "cut", false);
+                if let Some(id) = self.rng.pick(&live).cloned() {
+                    let shared = matches!(id, Wid::Shared(_));
+                    self.fired(if shared { "shared_cut" } else { "watch_cut" });
+                    self.fail(&id, "cut", false);
                 }
             }
             1 => {
-                if let Some(id) = self.rng.pick(&live).copied() {
-                    self.fired("watch_gone");
-                    self.fail(id, "gone", true);
+                if let Some(id) = self.rng.pick(&live).cloned() {
+                    let shared = matches!(id, Wid::Shared(_));
+                    self.fired(if shared { "shared_gone" } else { "watch_gone" });
+                    self.fail(&id, "gone", true);
                 }
             }
             2 => {
-                let res = *self.rng.pick(&[Res::ConfigMaps, Res::Pods]).unwrap();
+                let types: &[Res] = if self.kcp.is_some() {
+                    &[Res::ConfigMaps, Res::Pods, Res::Widgets]
+                } else {
+                    &[Res::ConfigMaps, Res::Pods]
+                };
+                let res = *self.rng.pick(types).unwrap();
                 let until = self.now + self.rng.range(2_000, 12_000);
                 self.fired("forbidden");
                 self.forbidden_until.insert(res, until);
-                let ids: Vec<u64> = live
+                let ids: Vec<Wid> = live
                     .into_iter()
                     .filter(|id| self.watches[id].res == res)
                     .collect();
                 for id in ids {
-                    self.fail(id, "forbidden", true);
+                    self.fail(&id, "forbidden", true);
                 }
             }
             3 => {
@@ -166,9 +193,10 @@ impl World {
                 self.fired("api_change");
                 self.rec.handle(Input::ApiChanged(None), self.now());
             }
+            6 | 7 => self.kcp_fault(),
             _ => {
-                let watched: Vec<u64> = self.watches.keys().copied().collect();
-                if let Some(id) = self.rng.pick(&watched).copied() {
+                let watched: Vec<Wid> = self.watches.keys().cloned().collect();
+                if let Some(id) = self.rng.pick(&watched).cloned() {
                     // A slow watch: its next items come late.
                     self.fired("slow_watch");
                     let w = self.watches.get_mut(&id).unwrap();

@@ -6,23 +6,67 @@ use k8s_openapi::{
     apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::ObjectMeta},
 };
 
+use lazyquota_index::reconciler::{SharedEvent, SharedObject};
+
 use super::*;
+
+/// An object of the model as the apiserver sends it: its namespace alone; and its cluster.
+fn unplaced(mut o: ObjectEvent) -> (String, ObjectEvent) {
+    let (cluster, namespace) = split(&o.namespace);
+    let (cluster, namespace) = (cluster.to_owned(), namespace.to_owned());
+    o.namespace = namespace;
+    (cluster, o)
+}
+
+/// An item of a cluster's own watch as the apiserver sends it.
+pub fn as_served(item: Item) -> Item {
+    let strip = |o| unplaced(o).1;
+    match item {
+        Item::InitApply(o) => Item::InitApply(strip(o)),
+        Item::Apply(o) => Item::Apply(strip(o)),
+        Item::Delete(o) => Item::Delete(strip(o)),
+        other => other,
+    }
+}
+
+/// An item of a shared wildcard watch as the executor reads it: each object with its logical
+/// cluster (the `kcp.io/cluster` annotation).
+pub fn as_shared(item: Item) -> SharedEvent {
+    let annotated = |o| {
+        let (cluster, object) = unplaced(o);
+        SharedObject {
+            cluster: Some(cluster),
+            object,
+        }
+    };
+    match item {
+        Item::Init => SharedEvent::Init,
+        Item::InitApply(o) => SharedEvent::InitApply(annotated(o)),
+        Item::InitDone => SharedEvent::InitDone,
+        Item::Apply(o) => SharedEvent::Apply(annotated(o)),
+        Item::Delete(o) => SharedEvent::Delete(annotated(o)),
+        Item::Failed(reason, message) => SharedEvent::Failed(reason, message),
+    }
+}
 
 impl World {
     pub(super) fn serve_fill(&mut self, input: Input) {
         let Input::Filled { key, namespace, .. } = input else {
             unreachable!("only fills are served here")
         };
+        let at = place(key.cluster.as_str(), &namespace);
         let listed = if self.main && self.rng.percent(10) {
             self.fired("fill_error");
             Err("list: 500".to_owned())
+        } else if !self.serves(key.cluster.as_str()) {
+            Err("list: 403".to_owned())
         } else {
             let res = Res::of(&key.resource.resource).expect("a watched resource");
             let objects: Vec<Obj> = self
                 .server
                 .objects
                 .values()
-                .filter(|o| o.res == res && *o.namespace == *namespace)
+                .filter(|o| o.res == res && o.namespace == at)
                 .cloned()
                 .collect();
             Ok(objects
@@ -49,7 +93,7 @@ impl World {
         let pod = Pod {
             metadata: ObjectMeta {
                 name: Some(obj.name.clone()),
-                namespace: Some(obj.namespace.clone()),
+                namespace: Some(split(&obj.namespace).1.to_owned()),
                 ..ObjectMeta::default()
             },
             spec: Some(PodSpec {
@@ -71,6 +115,7 @@ impl World {
         Projected::Pod(PodProjection::from_pod(&pod, FeatureGates::default(), &self.interner).projection)
     }
 
+    /// An object's event, naming its place (made what the apiserver sends on delivery).
     pub(super) fn event_of(&self, obj: &Obj, need: Need, revision: u64) -> ObjectEvent {
         ObjectEvent {
             namespace: obj.namespace.clone(),
@@ -90,29 +135,33 @@ impl World {
         }
     }
 
-    pub(super) fn deliver(&mut self, id: u64, item: Item, lag: u64) {
+    pub(super) fn deliver(&mut self, id: &Wid, item: Item, lag: u64) {
         let now = self.now;
-        let Some(w) = self.watches.get_mut(&id) else {
+        let Some(w) = self.watches.get_mut(id) else {
             return;
         };
         let at = w.last_at.max(now + lag);
         w.last_at = at;
         let generation = w.generation;
+        let id = id.clone();
         self.at(at - now, Ev::Item { id, generation, item });
     }
 
-    pub(super) fn forbidden(&self, res: Res) -> bool {
+    /// Whether a list or watch of `w` is refused: its type is forbidden, or (kcp) its logical
+    /// cluster is not ready (kcp answers 403 then).
+    pub(super) fn forbidden(&self, w: &Watch) -> bool {
         self.forbidden_until
-            .get(&res)
+            .get(&w.res)
             .is_some_and(|until| *until > self.now)
+            || w.cluster.as_ref().is_some_and(|c| !self.serves(c))
     }
 
-    pub(super) fn serve_list(&mut self, id: u64, generation: u64) {
-        let Some(w) = self.watches.get(&id).filter(|w| w.generation == generation) else {
+    pub(super) fn serve_list(&mut self, id: &Wid, generation: u64) {
+        let Some(w) = self.watches.get(id).filter(|w| w.generation == generation) else {
             return;
         };
-        let (res, need) = (w.res, w.need);
-        if self.forbidden(res) {
+        let need = w.need;
+        if self.forbidden(w) {
             self.fail(id, "forbidden", true);
             return;
         }
@@ -131,21 +180,22 @@ impl World {
         }
         self.deliver(id, Item::InitDone, 0);
         let rv = self.server.rv;
-        if let Some(w) = self.watches.get_mut(&id) {
+        if let Some(w) = self.watches.get_mut(id) {
             w.live = true;
             w.delivered_rv = rv;
         }
     }
 
     /// The watch fails; kube's watcher retries after a backoff, resuming (or relisting).
-    pub(super) fn fail(&mut self, id: u64, reason: &'static str, relist: bool) {
+    pub(super) fn fail(&mut self, id: &Wid, reason: &'static str, relist: bool) {
         self.deliver(id, Item::Failed(reason, format!("model: {reason}")), 0);
-        let Some(w) = self.watches.get_mut(&id) else {
+        let Some(w) = self.watches.get_mut(id) else {
             return;
         };
         w.live = false;
         let generation = w.generation;
         let backoff = self.rng.range(200, 1500);
+        let id = id.clone();
         self.at(
             backoff,
             Ev::Resume {
@@ -156,11 +206,11 @@ impl World {
         );
     }
 
-    pub(super) fn resume(&mut self, id: u64, generation: u64, relist: bool) {
-        let Some(w) = self.watches.get(&id).filter(|w| w.generation == generation) else {
+    pub(super) fn resume(&mut self, id: &Wid, generation: u64, relist: bool) {
+        let Some(w) = self.watches.get(id).filter(|w| w.generation == generation) else {
             return;
         };
-        if self.forbidden(w.res) {
+        if self.forbidden(w) {
             self.fail(id, "forbidden", true);
             return;
         }
@@ -189,18 +239,18 @@ impl World {
             self.deliver(id, item, lag);
         }
         let rv = self.server.rv;
-        if let Some(w) = self.watches.get_mut(&id) {
+        if let Some(w) = self.watches.get_mut(id) {
             w.live = true;
             w.delivered_rv = rv;
         }
     }
 
     pub(super) fn object_changed(&mut self, obj: &Obj, rv: u64, deleted: bool) {
-        let ids: Vec<u64> = self
+        let ids: Vec<Wid> = self
             .watches
             .iter()
             .filter(|(_, w)| w.live && w.sees(obj))
-            .map(|(id, _)| *id)
+            .map(|(id, _)| id.clone())
             .collect();
         for id in ids {
             let need = self.watches[&id].need;
@@ -211,7 +261,7 @@ impl World {
                 Item::Apply(event)
             };
             let lag = self.lag();
-            self.deliver(id, item, lag);
+            self.deliver(&id, item, lag);
             if let Some(w) = self.watches.get_mut(&id) {
                 w.delivered_rv = rv;
             }

@@ -1,0 +1,155 @@
+//! The reconciler's effects carried out against the model: watches opened and closed, lists,
+//! discoveries, status writes and reads, and on kcp the shared watches and share lists.
+
+use super::*;
+
+impl World {
+    /// Carries out what the last step asked for.
+    pub(super) fn carry_out(&mut self) {
+        let effects = self.rec.take_effects();
+        if effects.len() > 10_000 {
+            self.violation(format!("bounds: {} effects from one step", effects.len()));
+        }
+        for effect in effects {
+            self.trace_line(|| format!("  → {}", describe_effect(&effect)));
+            match effect {
+                Effect::OpenWatch { id, key, .. } => {
+                    let Some(res) = Res::of(&key.resource.resource) else {
+                        self.violation(format!(
+                            "laziness: a watch of {} nobody demands",
+                            key.resource.resource
+                        ));
+                        continue;
+                    };
+                    let cluster = Some(key.cluster.to_string());
+                    self.open(Wid::Own(id), res, cluster, key.namespace.clone(), key.need);
+                }
+                Effect::CloseWatch { id } => {
+                    self.watches.remove(&Wid::Own(id));
+                }
+                Effect::Fill { key, namespace, .. } => {
+                    let delay = self.rng.range(2, 40);
+                    let input = Input::Filled {
+                        key,
+                        namespace,
+                        listed: Ok(Vec::new()),
+                    };
+                    self.at(delay, Ev::ServeFill { input });
+                }
+                Effect::Discover(cluster) => {
+                    let result = if self.main && self.rng.percent(10) {
+                        self.fired("discovery_error");
+                        Err("discovery: 503".to_owned())
+                    } else if !self.serves(cluster.as_str()) {
+                        Err("discovery: 403".to_owned())
+                    } else {
+                        let mut types = vec![served(Res::ConfigMaps), served(Res::Pods)];
+                        if self
+                            .kcp
+                            .as_ref()
+                            .is_some_and(|k| k.bound.contains(cluster.as_str()))
+                        {
+                            types.push(served(Res::Widgets));
+                        }
+                        Ok(Discovered {
+                            served: types,
+                            failed_groups: Vec::new(),
+                        })
+                    };
+                    let delay = self.rng.range(2, 50);
+                    self.at(delay, Ev::Answer(Input::Discovered { cluster, result }));
+                }
+                Effect::WriteStatus(write) if self.shadow => {
+                    self.violation(format!("shadow: lazyquota wrote the status of {}", write.key));
+                }
+                Effect::WriteStatus(write) => {
+                    let fault = if !self.main {
+                        WriteFault::None
+                    } else if self.rng.percent(6) {
+                        WriteFault::ServerError
+                    } else if self.rng.percent(3) {
+                        let applied = self.rng.percent(50);
+                        WriteFault::Hung { applied }
+                    } else {
+                        WriteFault::None
+                    };
+                    let delay = self.rng.range(1, 20);
+                    self.at(delay, Ev::ServerWrite { write, fault });
+                }
+                Effect::ReadQuota(key) => {
+                    let result = if self.serves(key.cluster.as_str()) {
+                        self.server
+                            .quotas
+                            .get(&(place(key.cluster.as_str(), &key.namespace), key.name.to_string()))
+                            .map(crate::model::Quota::to_k8s)
+                            .ok_or(Failure {
+                                code: Some(404),
+                                message: "not found".into(),
+                            })
+                    } else {
+                        Err(Failure {
+                            code: Some(403),
+                            message: "the logical cluster is not ready".into(),
+                        })
+                    };
+                    let delay = self.rng.range(1, 20);
+                    self.at(delay, Ev::Answer(Input::Read { key, result }));
+                }
+                Effect::Metric(Metric::ShareOverflow(_)) => {
+                    *self.report.fired.entry("share_overflow").or_default() += 1;
+                }
+                Effect::Event { .. } | Effect::Disengaged(_) | Effect::Metric(_) => {}
+                Effect::OpenShared { .. } | Effect::CloseShared { .. } | Effect::ListShare { .. }
+                    if self.kcp.is_none() =>
+                {
+                    self.violation(format!(
+                        "a shared-watch effect from a one-cluster reconciler: {effect:?}"
+                    ));
+                }
+                Effect::OpenShared { key, .. } => {
+                    let Some(res) = Res::of(&key.resource.resource) else {
+                        self.violation(format!("laziness: a shared watch of {key} nobody demands"));
+                        continue;
+                    };
+                    if self
+                        .watches
+                        .keys()
+                        .any(|w| matches!(w, Wid::Shared(k) if k.resource == key.resource))
+                    {
+                        self.violation(format!("laziness: a second shared watch of {key}"));
+                    }
+                    self.open(Wid::Shared(key), res, None, None, Need::Count);
+                }
+                Effect::CloseShared { key } => {
+                    self.watches.remove(&Wid::Shared(key));
+                }
+                Effect::ListShare {
+                    key,
+                    generation,
+                    cluster,
+                    namespace,
+                    ..
+                } => self.list_share(key, generation, cluster, namespace),
+            }
+        }
+    }
+
+    /// Opens the model side of a watch and serves its list soon.
+    fn open(&mut self, id: Wid, res: Res, cluster: Option<String>, namespace: Option<String>, need: Need) {
+        self.next_generation += 1;
+        let generation = self.next_generation;
+        let watch = Watch {
+            generation,
+            res,
+            cluster,
+            namespace,
+            need,
+            live: false,
+            delivered_rv: 0,
+            last_at: self.now,
+        };
+        self.watches.insert(id.clone(), watch);
+        let delay = self.rng.range(1, 30);
+        self.at(delay, Ev::ServeList { id, generation });
+    }
+}
