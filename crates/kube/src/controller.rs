@@ -51,7 +51,7 @@ use kube::{
 use lazyquota_index::{
     engine::Projected,
     keys::{ClusterName, QuotaKey},
-    reconciler::{Effect, Input, Metric, Now, Reconciler, SharedEvent, SharedKey, StatusWrite},
+    reconciler::{Effect, Input, Now, Reconciler, SharedEvent, SharedKey, StatusWrite},
 };
 use lazyquota_quota::Interner;
 use tokio::sync::mpsc;
@@ -309,44 +309,13 @@ impl Controller {
                         abort.abort();
                     }
                 }
-                Effect::ListShare {
-                    key,
-                    generation,
-                    cluster,
-                    namespace,
-                    served,
-                } => {
-                    let listed = shared::list_share(self.client.clone(), cluster, namespace, served);
-                    self.answers.push(
-                        async move {
-                            let result = listed.await;
-                            Input::ListedShare {
-                                key,
-                                generation,
-                                result,
-                            }
-                        }
-                        .boxed(),
-                    );
+                effect @ Effect::ListShare { .. } => {
+                    self.answers
+                        .push(shared::list_share(self.client.clone(), effect).boxed());
                 }
                 Effect::Disengaged(cluster) => self.recorder.forget_cluster(&cluster),
-                Effect::Metric(metric) => self.count(metric, started),
+                Effect::Metric(metric) => self.metrics.count(metric, started),
             }
-        }
-    }
-
-    fn count(&self, metric: Metric, started: Instant) {
-        match metric {
-            Metric::QuotaSync { result, seconds } => self
-                .metrics
-                .quota_sync(result, seconds.unwrap_or_else(|| started.elapsed().as_secs_f64())),
-            Metric::StatusWrite(result) => self.metrics.status_write(result),
-            Metric::Relist(resource) => self.metrics.relist(&resource),
-            Metric::WatchError { resource, reason } => self.metrics.watch_error(&resource, reason),
-            Metric::Discovery(result) => self.metrics.discovery(result),
-            Metric::Engaged(clusters) => self.metrics.kcp_engaged(clusters),
-            Metric::SharedWatches(watches) => self.metrics.kcp_shared_watches(watches),
-            Metric::ShareOverflow(resource) => self.metrics.kcp_share_overflow(&resource),
         }
     }
 

@@ -16,7 +16,7 @@ use kube::{
 use lazyquota_index::{
     engine::Projected,
     keys::ClusterName,
-    reconciler::{CLUSTER_ANNOTATION, SharedEvent, SharedKey, SharedObject},
+    reconciler::{CLUSTER_ANNOTATION, Effect, Input, SharedEvent, SharedKey, SharedObject},
     resolver::ServedResource,
 };
 
@@ -42,20 +42,36 @@ pub(super) fn open(
     (events.boxed(), abort)
 }
 
-/// Lists `cluster`'s (or one namespace's) share of the shared watch of `served`: the list's
-/// resourceVersion and its objects, metadata only.
-pub(super) async fn list_share(
-    root: Client,
-    cluster: ClusterName,
-    namespace: Option<String>,
-    served: ServedResource,
+/// Carries out [`Effect::ListShare`]: lists a logical cluster's (or one namespace's) share of
+/// a shared watch, metadata only, with the list's resourceVersion; answers with
+/// [`Input::ListedShare`].
+pub(super) async fn list_share(root: Client, effect: Effect) -> Input {
+    let Effect::ListShare {
+        key,
+        generation,
+        cluster,
+        namespace,
+        served,
+    } = effect
+    else {
+        unreachable!("only share lists are carried out here")
+    };
+    let result = list(&root, &cluster, namespace.as_deref(), &served).await;
+    Input::ListedShare {
+        key,
+        generation,
+        result,
+    }
+}
+
+async fn list(
+    root: &Client,
+    cluster: &ClusterName,
+    namespace: Option<&str>,
+    served: &ServedResource,
 ) -> Result<(Option<u64>, Vec<ObjectEvent>), String> {
-    let api: Api<Routed<PartialObjectMeta<DynamicObject>>> = routed_api(
-        &root,
-        &Route::cluster(&cluster),
-        namespace.as_deref(),
-        api_resource(&served),
-    );
+    let api: Api<Routed<PartialObjectMeta<DynamicObject>>> =
+        routed_api(root, &Route::cluster(cluster), namespace, api_resource(served));
     let mut params = ListParams::default().limit(500);
     let mut objects = Vec::new();
     let mut at = None;

@@ -56,10 +56,9 @@ impl Controller {
     /// shared watch or the cluster's own serves it now.
     pub(super) fn explain(&self) -> Vec<crate::operate::report::Explain> {
         let r = &self.reconciler;
-        let settings = r.settings().plan();
         let mut reports = Vec::with_capacity(r.members().len());
         for (cluster, member) in r.members() {
-            let mut report = crate::operate::report::explain_engine(r.engine(), &settings, cluster, None);
+            let mut report = crate::operate::report::explain_cluster(r, cluster, None);
             report.workspace.clone_from(&member.workspace);
             for resource in &mut report.resources {
                 let open: Vec<_> = r

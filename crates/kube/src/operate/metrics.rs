@@ -16,6 +16,8 @@ use prometheus::{
     Registry, TextEncoder, core::Collector,
 };
 
+use lazyquota_index::reconciler::Metric;
+
 use crate::controller::snapshot::Snapshot;
 
 /// A metric family as registered: what the README's metrics table is checked against.
@@ -373,6 +375,23 @@ impl Metrics {
     /// kcp: how many shared wildcard watches run now.
     pub fn kcp_shared_watches(&self, watches: usize) {
         self.kcp_shared.set(i64::try_from(watches).unwrap_or(i64::MAX));
+    }
+
+    /// Counts what the reconciler asks to be counted (`started`: when the input or tick that
+    /// decided it began, for a sync decided at once).
+    pub fn count(&self, metric: Metric, started: std::time::Instant) {
+        match metric {
+            Metric::QuotaSync { result, seconds } => {
+                self.quota_sync(result, seconds.unwrap_or_else(|| started.elapsed().as_secs_f64()));
+            }
+            Metric::StatusWrite(result) => self.status_write(result),
+            Metric::Relist(resource) => self.relist(&resource),
+            Metric::WatchError { resource, reason } => self.watch_error(&resource, reason),
+            Metric::Discovery(result) => self.discovery(result),
+            Metric::Engaged(clusters) => self.kcp_engaged(clusters),
+            Metric::SharedWatches(watches) => self.kcp_shared_watches(watches),
+            Metric::ShareOverflow(resource) => self.kcp_share_overflow(&resource),
+        }
     }
 
     /// kcp: counts a joining subscriber's overflow.

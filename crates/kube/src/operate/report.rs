@@ -1,5 +1,6 @@
-//! One-shot reports over the live cluster, computed with the same [`Engine`] the controller
-//! runs, from direct lists instead of watches:
+//! One-shot reports over the live cluster, computed by the same
+//! [`Reconciler`] the controller runs (in shadow mode: it writes nothing), fed direct lists as
+//! the first lists of the watches it asks for:
 //!
 //! - [`usage`]: what `status.used` should be for each quota, and where the stored value differs.
 //! - [`explain`]: which resource types lazyquota watches, in which scope, for which quotas and
@@ -7,24 +8,36 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use std::time::{Duration, Instant};
+
 use futures::future::try_join_all;
 use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::{Api, Client, ResourceExt as _};
 use lazyquota_index::{
     demand::{needs, replenished_by},
-    engine::{Engine, same_value, store_kind},
+    engine::same_value,
     keys::{ALL_NAMESPACES, ClusterName, GroupResource, Need, QuotaKey},
-    planner::{self, PlanSettings},
+    planner::{self, PlanSettings, WatchKey},
+    reconciler::{Effect, Input, Now, QuotaEvent, Reconciler, Settings},
     resolver::ServedResource,
     sharing::Demand,
-    store::PartitionKey,
+    watches::{Item, ObjectEvent},
 };
 use lazyquota_quota::{FeatureGates, Interner};
 
-use crate::{now, object_id};
+use crate::{
+    controller::{
+        discovery::{Discovered, discover},
+        watch::{list_all, list_namespace},
+    },
+    now,
+    transport::route::Route,
+};
 use serde::Serialize;
 
-use crate::controller::discovery::{Discovered, discover};
+/// Rounds of watches opened and listed for a report, at most (the plan is made at once when
+/// the quotas are listed; a second round would be a namespace joining a cluster-wide watch).
+const MAX_ROUNDS: usize = 4;
 
 /// What went wrong in a report.
 #[derive(Debug, thiserror::Error)]
@@ -91,7 +104,14 @@ pub async fn usage(
     kcp: bool,
 ) -> Result<Vec<QuotaUsage>, Error> {
     let cluster = cluster.clone();
-    let (engine, quotas) = load(client, &cluster, namespace, gates, kcp).await?;
+    let plan = PlanSettings {
+        gates,
+        ..Settings::default().plan()
+    };
+    let discovered = discover(client, &Route::direct())
+        .await
+        .map_err(Error::Discovery)?;
+    let (reconciler, quotas) = load(client, &cluster, namespace, plan, discovered, true, kcp).await?;
     let now = now();
     let mut report = Vec::new();
     for quota in &quotas {
@@ -100,7 +120,7 @@ pub async fn usage(
             &quota.namespace().unwrap_or_default(),
             &quota.name_any(),
         );
-        let Some(computed) = engine.compute(&key, now) else {
+        let Some(computed) = reconciler.engine().compute(&key, now) else {
             continue;
         };
         let stored = quota
@@ -223,7 +243,7 @@ pub async fn explain(
     settings: PlanSettings,
     kcp: bool,
 ) -> Result<Explain, Error> {
-    let discovered = discover(client, &crate::transport::route::Route::direct())
+    let discovered = discover(client, &Route::direct())
         .await
         .map_err(Error::Discovery)?;
     let served_all: BTreeMap<GroupResource, ServedResource> = discovered
@@ -231,21 +251,21 @@ pub async fn explain(
         .iter()
         .map(|s| (s.resource.clone(), s.clone()))
         .collect();
-    let (engine, _) = load_with(client, cluster, None, settings.gates, discovered, false, kcp).await?;
-    Ok(explain_engine(&engine, &settings, cluster, Some(&served_all)))
+    let (reconciler, _) = load(client, cluster, None, settings, discovered, false, kcp).await?;
+    Ok(explain_cluster(&reconciler, cluster, Some(&served_all)))
 }
 
-/// The explain report of `cluster` from an engine's state: what [`explain`] prints, and what a
-/// running controller answers at `/debug/explain` from its own engine (`served_all`: every type
-/// discovery returned, quotable or not, to say why a pending one is pending; `None` when only
-/// the engine's quotable types are known).
+/// The explain report of `cluster` from a reconciler's state, with its settings: what
+/// [`explain`] prints, and what a running controller answers at `/debug/explain` from its own
+/// reconciler (`served_all`: every type discovery returned, quotable or not, to say why a
+/// pending one is pending; `None` when only the quotable types are known).
 #[must_use]
-pub fn explain_engine(
-    engine: &Engine,
-    settings: &PlanSettings,
+pub fn explain_cluster(
+    reconciler: &Reconciler,
     cluster: &ClusterName,
     served_all: Option<&BTreeMap<GroupResource, ServedResource>>,
 ) -> Explain {
+    let (engine, settings) = (reconciler.engine(), &reconciler.settings().plan());
     let gates = settings.gates;
     let c = cluster;
     let mut resources = Vec::new();
@@ -376,97 +396,134 @@ pub fn mark_shared(reports: &mut [Explain], threshold: usize) {
     }
 }
 
+/// A reconciler in shadow mode fed what `cluster` holds now, as its executor would feed it:
+/// its discovery, its quotas (those of `namespace`, or all) as the quota watch's first list, and
+/// with `fill` every watch it then opens answered by a list of what that watch would see.
 async fn load(
     client: &Client,
     cluster: &ClusterName,
     namespace: Option<&str>,
-    gates: FeatureGates,
-    kcp: bool,
-) -> Result<(Engine, Vec<ResourceQuota>), Error> {
-    let discovered = discover(client, &crate::transport::route::Route::direct())
-        .await
-        .map_err(Error::Discovery)?;
-    load_with(client, cluster, namespace, gates, discovered, true, kcp).await
-}
-
-/// Builds an engine from the cluster's quotas and, if `fill`, the objects they demand.
-async fn load_with(
-    client: &Client,
-    cluster: &ClusterName,
-    namespace: Option<&str>,
-    gates: FeatureGates,
+    plan: PlanSettings,
     discovered: Discovered,
     fill: bool,
     kcp: bool,
-) -> Result<(Engine, Vec<ResourceQuota>), Error> {
-    let mut engine = if kcp {
-        Engine::new(gates).with_kcp_semantics()
-    } else {
-        Engine::new(gates)
+) -> Result<(Reconciler, Vec<ResourceQuota>), Error> {
+    let settings = Settings {
+        cluster: cluster.clone(),
+        mode: plan.mode,
+        namespace_watch_threshold: plan.namespace_watch_threshold,
+        gates: plan.gates,
+        kcp,
+        shadow: true,
+        resync_period: Duration::ZERO,
+        ..Settings::default()
     };
-    engine.discovered(cluster, discovered.served, &discovered.failed_groups);
+    let at = || Now {
+        instant: Instant::now(),
+        time: now(),
+    };
+    let mut reconciler = Reconciler::new(settings, crate::object_ids().clone(), Instant::now());
+    reconciler.tick(at()); // asks for the discovery answered here
+    let cluster = cluster.clone();
+    let result = Ok(discovered);
+    reconciler.handle(Input::Discovered { cluster, result }, at());
     let api: Api<ResourceQuota> = match namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let quotas = crate::controller::watch::list_all(&api)
-        .await
-        .map_err(|source| Error::List {
-            what: "resourcequotas".into(),
-            source,
-        })?;
+    let quotas = list_all(&api).await.map_err(|source| Error::List {
+        what: "resourcequotas".into(),
+        source,
+    })?;
+    reconciler.handle(Input::Quota(QuotaEvent::RelistStarted), at());
     for quota in &quotas {
-        let key = QuotaKey::new(cluster, &quota.namespace().unwrap_or_default(), &quota.name_any());
-        engine.apply_quota(key, quota);
+        reconciler.handle(Input::Quota(QuotaEvent::Relisted(quota.clone())), at());
     }
+    reconciler.handle(Input::Quota(QuotaEvent::RelistDone), at());
     if !fill {
-        return Ok((engine, quotas));
+        return Ok((reconciler, quotas));
     }
     let interner = Interner::new();
-    let demanded: Vec<(ClusterName, GroupResource)> = engine.index.demanded().cloned().collect();
-    for (c, resource) in demanded {
-        let Some(served) = engine.resolver.get(&c, &resource).cloned() else {
-            continue;
-        };
-        let demand = engine.index.demand_of(&c, &resource);
-        let need = demand.values().copied().max().unwrap_or(Need::Count);
-        let kind = store_kind(&resource, need);
-        let lists = demand.keys().map(|ns| {
-            let (served, interner) = (&served, &interner);
-            async move {
-                if !served.namespaced && &**ns != ALL_NAMESPACES {
-                    // A namespace holds no cluster-scoped object (kcp only resolves these).
-                    return Ok(Vec::new());
-                }
-                crate::controller::watch::list_namespace(
-                    client,
-                    &crate::transport::route::Route::direct(),
-                    served,
-                    ns,
-                    need,
-                    gates,
-                    interner,
-                )
-                .await
+    for _ in 0..MAX_ROUNDS {
+        let opened: Vec<(u64, WatchKey, ServedResource)> = reconciler
+            .take_effects()
+            .into_iter()
+            .filter_map(|effect| match effect {
+                Effect::OpenWatch { id, key, served } => Some((id, key, served)),
+                _ => None,
+            })
+            .collect();
+        if opened.is_empty() {
+            break;
+        }
+        let lists = opened
+            .iter()
+            .map(|(_, key, served)| first_list(client, key, served, plan.gates, &interner));
+        let lists = try_join_all(lists).await?;
+        for ((id, _, _), objects) in opened.iter().zip(lists) {
+            let id = *id;
+            reconciler.handle(Input::Watch { id, item: Item::Init }, at());
+            for object in objects {
+                let item = Item::InitApply(object);
+                reconciler.handle(Input::Watch { id, item }, at());
             }
-        });
-        let lists = try_join_all(lists).await.map_err(|source| Error::List {
-            what: resource.object_count_name(),
-            source,
-        })?;
-        for (ns, objects) in demand.keys().zip(lists) {
-            let p = PartitionKey {
-                cluster: c.clone(),
-                resource: resource.clone(),
-                namespace: ns.clone(),
-            };
-            engine.hold(kind, p.clone());
-            engine.begin_relist(kind, &p);
-            for (name, object) in objects {
-                engine.relist_apply(kind, &p, object_id(&name), object);
-            }
-            engine.finish_relist(kind, &p);
+            reconciler.handle(
+                Input::Watch {
+                    id,
+                    item: Item::InitDone,
+                },
+                at(),
+            );
         }
     }
-    Ok((engine, quotas))
+    Ok((reconciler, quotas))
+}
+
+/// What watch `key`'s first list would deliver: its namespace's objects, or the whole
+/// cluster's for a cluster-wide watch (filtered by the reconciler at ingest, as a watch is).
+async fn first_list(
+    client: &Client,
+    key: &WatchKey,
+    served: &ServedResource,
+    gates: FeatureGates,
+    interner: &Interner,
+) -> Result<Vec<ObjectEvent>, Error> {
+    let namespace = key.namespace.as_deref().unwrap_or(ALL_NAMESPACES);
+    if !served.namespaced && namespace != ALL_NAMESPACES {
+        // A namespace holds no cluster-scoped object (kcp only resolves these).
+        return Ok(Vec::new());
+    }
+    let listed = list_namespace(
+        client,
+        &Route::direct(),
+        served,
+        namespace,
+        key.need,
+        gates,
+        interner,
+    )
+    .await
+    .map_err(|source| Error::List {
+        what: key.resource.object_count_name(),
+        source,
+    })?;
+    Ok(listed
+        .into_iter()
+        .map(|(name, object)| {
+            // A list of every namespace names its objects `<namespace>/<name>`.
+            let (ns, name) = match key.namespace.as_deref() {
+                Some(ns) => (ns.to_owned(), name),
+                None => match name.split_once('/') {
+                    Some((ns, name)) => (ns.to_owned(), name.to_owned()),
+                    None => (String::new(), name),
+                },
+            };
+            ObjectEvent {
+                namespace: ns,
+                name,
+                object,
+                revision: None,
+            }
+        })
+        .collect())
 }
