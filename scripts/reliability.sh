@@ -47,10 +47,10 @@ bad_input_gives_one_clear_error_line_and_a_non_zero_exit|CLI: unreadable/garbled
 metrics_behind_delegated_authentication_and_authorization|/metrics with no token, a bad token, an unauthorised and an authorised ServiceAccount|401 / 401 / 403 / 200 over HTTPS; /healthz open; no token in the debug log
 the_charts_service_account_does_the_whole_job_and_no_more|lazyquota run with exactly the chart's RBAC (TokenRequest token), debug logging|the whole job works; writes outside the chart's grant get 403; the token never appears in the log
 one_process_serves_three_clusters_independently|three clusters (kube-apiservers on one etcd) in one process|each cluster's status is its own; watches only where demanded; a quota deleted in one cluster stops only its watch
-counts_stay_exact_through_watch_cuts_and_paginated_lists|kcp shard: every connection cut after 0.1–2 s over HTTP/2 while objects of a bound type and 620 configmaps (paginated lists) are created and deleted|every count exact once the cuts stop
-a_cluster_scoped_quota_counts_every_namespace_as_kcp_does|kcp: a cluster-scoped quota (admin namespace, kcp annotation) over a workspace with objects in 4 namespaces|lazyquota computes what kcp's own controller wrote, value for value
-lazyquota_writes_kcps_cluster_scoped_quota|kcp: lazyquota as the only writer of a cluster-scoped quota|the count of every namespace; the annotation survives the write; kcp's admission enforces it
-shadow_mode_agrees_with_kcps_own_quota_controller|kcp: shadow mode next to kcp's own quota controller, after creates and deletes|no disagreement once both settled
+cuts::counts_stay_exact_through_watch_cuts_and_paginated_lists|kcp shard: every connection cut after 0.1–2 s over HTTP/2 while objects of a bound type and 620 configmaps (paginated lists) are created and deleted|every count exact once the cuts stop
+cluster_scoped::a_cluster_scoped_quota_counts_every_namespace_as_kcp_does|kcp: a cluster-scoped quota (admin namespace, kcp annotation) over a workspace with objects in 4 namespaces|lazyquota computes what kcp's own controller wrote, value for value
+cluster_scoped::lazyquota_writes_kcps_cluster_scoped_quota|kcp: lazyquota as the only writer of a cluster-scoped quota|the count of every namespace; the annotation survives the write; kcp's admission enforces it
+shadow::shadow_mode_agrees_with_kcps_own_quota_controller|kcp: shadow mode next to kcp's own quota controller, after creates and deletes|no disagreement once both settled
 EOF_TABLE
 
 start=$SECONDS
