@@ -1,0 +1,153 @@
+//! Status writes and their answers: the first write, conflicts, late responses, errors, hung
+//! writes.
+
+use super::*;
+
+#[test]
+fn the_first_write_carries_the_count_and_the_quotas_version() {
+    let mut h = Harness::new(false);
+    let effects = h.ready(quota(5, &[(CM, "10")], None), &[("a", 2), ("b", 3)]);
+    let w = writes(&effects);
+    assert_eq!(w.len(), 1, "{effects:?}");
+    assert_eq!(w[0].precondition.as_deref(), Some("5"));
+    assert_eq!(w[0].used, list(&[(CM, "2")]));
+    assert!(w[0].lowers.is_empty());
+}
+
+#[test]
+fn a_conflict_with_nothing_newer_reads_the_quota_afresh() {
+    let mut h = Harness::new(false);
+    let effects = h.ready(quota(5, &[(CM, "10")], None), &[("a", 2)]);
+    assert_eq!(writes(&effects).len(), 1);
+    let conflict = Failure {
+        code: Some(409),
+        message: "conflict".into(),
+    };
+    let after = h.feed(Input::Written {
+        key: key(),
+        precondition: Some("5".into()),
+        result: Err(conflict.clone()),
+    });
+    assert!(after.contains(&Effect::ReadQuota(key())), "{after:?}");
+
+    // The watch brings a newer version first: no read, computed again from it at once.
+    let effects = h.tick(1_000);
+    assert!(writes(&effects).is_empty(), "waits for the read: {effects:?}");
+    h.feed(Input::Read {
+        key: key(),
+        result: Ok(quota(9, &[(CM, "10")], Some(&[(CM, "0")]))),
+    });
+    let effects = h.tick(1);
+    let w = writes(&effects);
+    assert_eq!(w.len(), 1, "{effects:?}");
+    assert_eq!(
+        w[0].precondition.as_deref(),
+        Some("9"),
+        "written on the version read"
+    );
+    h.feed(Input::Quota(QuotaEvent::Applied(quota(
+        11,
+        &[(CM, "10")],
+        Some(&[(CM, "2")]),
+    ))));
+    let after = h.feed(Input::Written {
+        key: key(),
+        precondition: Some("9".into()),
+        result: Err(conflict),
+    });
+    assert!(!after.contains(&Effect::ReadQuota(key())), "{after:?}");
+}
+
+#[test]
+fn a_late_response_does_not_replace_a_newer_view() {
+    let mut h = Harness::new(false);
+    let effects = h.ready(quota(5, &[(CM, "10")], None), &[("a", 2)]);
+    let w = writes(&effects)[0].clone();
+    // Admission charges right after the write; its event comes before the write's response.
+    h.feed(Input::Quota(QuotaEvent::Applied(quota(
+        7,
+        &[(CM, "10")],
+        Some(&[(CM, "2")]),
+    ))));
+    h.feed(Input::Written {
+        key: key(),
+        precondition: Some("5".into()),
+        result: Ok(written(&w, 6)),
+    });
+    let state = &h.rec.engine().index.get(&key()).unwrap().payload;
+    assert_eq!(state.resource_version.as_deref(), Some("7"));
+    // And an event older than the view held is skipped.
+    h.feed(Input::Quota(QuotaEvent::Applied(written(&w, 6))));
+    let state = &h.rec.engine().index.get(&key()).unwrap().payload;
+    assert_eq!(state.resource_version.as_deref(), Some("7"));
+}
+
+#[test]
+fn not_found_is_not_retried_invalid_is_reported_and_retried_and_errors_back_off() {
+    let mut h = Harness::new(false);
+    h.ready(quota(5, &[(CM, "10")], None), &[]);
+    let gone = h.feed(Input::Written {
+        key: key(),
+        precondition: Some("5".into()),
+        result: Err(Failure {
+            code: Some(404),
+            message: "not found".into(),
+        }),
+    });
+    assert!(writes(&gone).is_empty());
+    assert!(
+        writes(&h.tick(60_000)).is_empty(),
+        "a deleted quota is not written again"
+    );
+
+    let mut h = Harness::new(false);
+    h.ready(quota(5, &[(CM, "10")], None), &[]);
+    let invalid = h.feed(Input::Written {
+        key: key(),
+        precondition: Some("5".into()),
+        result: Err(Failure {
+            code: Some(422),
+            message: "bad key".into(),
+        }),
+    });
+    assert!(invalid.iter().any(|e| matches!(
+        e,
+        Effect::Event {
+            reason: "StatusRejected",
+            warning: true,
+            ..
+        }
+    )));
+    assert_eq!(writes(&h.tick(1_000)).len(), 1, "retried after its backoff");
+
+    let mut h = Harness::new(false);
+    h.ready(quota(5, &[(CM, "10")], None), &[]);
+    h.feed(Input::Written {
+        key: key(),
+        precondition: Some("5".into()),
+        result: Err(Failure {
+            code: Some(500),
+            message: "etcd".into(),
+        }),
+    });
+    assert!(writes(&h.tick(0)).is_empty(), "not at once");
+    let next = h.rec.next_wakeup(h.now().instant).expect("a retry");
+    assert!(next > h.now().instant);
+    assert_eq!(writes(&h.tick(1_000)).len(), 1);
+}
+
+#[test]
+fn a_hung_status_write_stops_counting_against_the_concurrency() {
+    let hung = Instant::now();
+    let fresh = hung + WRITE_STALL + Duration::from_secs(1);
+    let now = fresh + Duration::from_secs(1);
+    assert_eq!(busy_writes([fresh, fresh].into_iter(), now).0, 2);
+    let (busy, next) = busy_writes([hung, hung, hung, hung, hung, fresh].into_iter(), now);
+    assert_eq!(busy, 1, "five hung writes leave four of five slots free");
+    assert_eq!(
+        next,
+        Some(fresh + WRITE_STALL),
+        "the loop wakes when the fresh one stalls"
+    );
+    assert_eq!(busy_writes(std::iter::empty(), now), (0, None));
+}
