@@ -246,10 +246,16 @@ impl Reconciler {
             .filter(|c| c.at_ms.saturating_add(lowering::SETTLE_MS) > now_ms)
             .flat_map(|c| c.raised.iter().map(|(k, _)| k.as_str()))
             .collect();
+        // A neighbour's key that this quota does not compute counts the objects of its own
+        // evaluators (admission charges a key only for objects of those types); a key no
+        // evaluator claims could count anything.
+        let gates = self.settings.gates;
         let recently_charged = |resources: &[GroupResource]| {
-            recent.iter().any(|raised| match sources.of(raised) {
-                Some(theirs) => theirs.iter().any(|r| resources.contains(r)),
-                None => true, // a neighbour's key: its objects are unknown here
+            recent.iter().any(|raised| {
+                let theirs = sources
+                    .of(raised)
+                    .unwrap_or_else(|| crate::demand::replenished_by(raised, gates));
+                theirs.is_empty() || theirs.iter().any(|r| resources.contains(r))
             })
         };
         // Otherwise only the watches of a key's own objects can hold it back (a new key of

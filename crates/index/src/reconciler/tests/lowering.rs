@@ -194,3 +194,33 @@ fn a_new_key_waits_only_for_the_watch_of_its_own_objects() {
     );
     assert_eq!(w[0].used, list(&[(CM, "2"), ("count/services", "0")]));
 }
+
+#[test]
+fn a_new_key_is_held_only_by_a_recent_charge_of_its_own_objects() {
+    // A new quota on Services while admission has just charged the neighbour's ConfigMaps: a
+    // ConfigMap on its way is no Service, so nothing holds the new key. The same charge on
+    // Services does hold it: that Service may have been admitted before the key existed.
+    for (charged_key, held) in [(CM, false), ("count/services", true)] {
+        let (mut h, w) = written_at_20();
+        h.tick(crate::lowering::SETTLE_MS);
+        h.serve_services();
+        let mut charged = written(&w, 25);
+        let status = charged.status.as_mut().expect("written");
+        let mut used = status.used.clone().expect("used");
+        used.insert(charged_key.to_owned(), K8sQuantity("3".into()));
+        status.used = Some(used);
+        h.feed(Input::Quota(QuotaEvent::Applied(charged)));
+        let mut services = quota(30, &[("count/services", "5")], None);
+        services.metadata.name = Some("s".into());
+        services.metadata.uid = Some("uid-s".into());
+        let opened = h.feed(Input::Quota(QuotaEvent::Applied(services)));
+        let effects = h.list_opened(&opened, "services");
+        let new_key_written = writes(&effects)
+            .iter()
+            .any(|w| &*w.key.name == "s" && w.used.contains_key("count/services"));
+        assert_eq!(
+            new_key_written, !held,
+            "charge on {charged_key}: the new key written at once? {effects:?}"
+        );
+    }
+}
