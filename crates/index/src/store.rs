@@ -91,7 +91,7 @@ type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 /// Objects of one partition by id.
 ///
 /// Two layouts, chosen by the projection's size. Small values (count-only `()`, 8-byte
-/// service projections) sit in the hash table itself. Large ones (a pod projection, see `crates/quota/tests/behaviour.rs`)
+/// service projections) sit in the hash table itself. Large ones (a pod projection, see `crates/quota/tests/behaviour/projection.rs`)
 /// would waste up to half the table's slots at low load, so they are packed densely in a
 /// vector, with the table mapping id → position; a remove moves the last
 /// element into the hole.
