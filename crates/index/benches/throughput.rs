@@ -70,7 +70,7 @@ fn now() -> Time {
     Time::from_unix_seconds(1_800_000_000)
 }
 
-// ---- typed objects (as in benches/heap.rs) -------------------------------------------------
+// ---- typed objects (as in benches/heap/cases.rs) -------------------------------------------------
 
 /// Pod shapes, each with its resized twin (the app container's cpu request doubled).
 fn pod_shapes() -> Vec<(Pod, Pod)> {
