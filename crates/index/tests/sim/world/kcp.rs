@@ -113,6 +113,15 @@ impl World {
             .is_none_or(|k| k.phases.get(cluster) == Some(&"Ready"))
     }
 
+    /// The places tenants work in now (every place off kcp).
+    pub(super) fn open_places(&self) -> Vec<String> {
+        self.places
+            .iter()
+            .filter(|p| self.open_to_tenants(split(p).0))
+            .cloned()
+            .collect()
+    }
+
     /// Whether `cluster` serves widgets.
     pub(super) fn bound(&self, cluster: &str) -> bool {
         self.kcp.as_ref().is_some_and(|k| k.bound.contains(cluster))
@@ -190,12 +199,7 @@ impl World {
         let can_delete = !k.deleted_one && existing.len() >= 3;
         match self.rng.range(0, 11) {
             9 | 10 => {
-                let open: Vec<String> = self
-                    .places
-                    .iter()
-                    .filter(|p| self.open_to_tenants(split(p).0))
-                    .cloned()
-                    .collect();
+                let open = self.open_places();
                 if let Some(ns) = self.rng.pick(&open).cloned() {
                     self.burst(&ns);
                 }

@@ -9,13 +9,7 @@ impl World {
         if !self.main {
             return;
         }
-        // Tenants work in logical clusters kcp serves (every place off kcp).
-        let open: Vec<String> = self
-            .places
-            .iter()
-            .filter(|p| self.open_to_tenants(split(p).0))
-            .cloned()
-            .collect();
+        let open = self.open_places();
         if let Some(ns) = self.rng.pick(&open).cloned() {
             match (self.kcp.is_some(), self.rng.range(0, 99)) {
                 (false, 0..40) | (true, 0..30) => self.create(Res::ConfigMaps, &ns),
