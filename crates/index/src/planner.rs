@@ -39,13 +39,18 @@ pub struct WatchKey {
     pub need: Need,
 }
 
+/// A resource as metrics label it: `pods`, `widgets.example.io`.
+pub fn resource_label(resource: &GroupResource) -> String {
+    resource
+        .object_count_name()
+        .trim_start_matches("count/")
+        .to_owned()
+}
+
 impl WatchKey {
     /// The resource as metrics label it: `pods`, `widgets.example.io`.
     pub fn resource_label(&self) -> String {
-        self.resource
-            .object_count_name()
-            .trim_start_matches("count/")
-            .to_owned()
+        resource_label(&self.resource)
     }
 }
 

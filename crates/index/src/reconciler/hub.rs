@@ -344,12 +344,8 @@ impl Hub {
         };
         for cluster in &overflowed {
             warn!(%cluster, shared = %key, "a joining subscriber buffered too many shared events; it lists again");
-            effects.push(Effect::Metric(Metric::ShareOverflow(
-                key.resource
-                    .object_count_name()
-                    .trim_start_matches("count/")
-                    .to_owned(),
-            )));
+            let resource = crate::planner::resource_label(&key.resource);
+            effects.push(Effect::Metric(Metric::ShareOverflow(resource)));
         }
         if restart && !old_rule {
             info!(shared = %key, "shared wildcard watch failed after its list: opened again to list afresh");
