@@ -21,6 +21,10 @@
 //! ```text
 //! cargo bench --bench kcp                               # W=200, E=20, K=5 (≈17 min)
 //! cargo bench --bench kcp -- --quick --out /tmp/kcp     # bounded (CI: `cargo test --workspace --bench kcp -- --quick`)
+//! cargo bench --bench kcp -- --workspaces 100 --exports 20 --latency-only --out /tmp/kcp-latency
+//!                                                       # the latency samples alone, at the last step
+//! cargo bench --bench kcp -- --workspaces 100 --exports 20 --latency-only --samples 0 --cost-runs 4 \
+//!     --out /tmp/kcp-cost                               # kcp's quota controller's cost, 4 on/off pairs
 //! cargo bench --bench kcp -- --workspaces 1000 --exports 50 --bindings-per-workspace 5 --settle 15 \
 //!     --out benches/results/kcp-seed                    # the seed's scale (≈53 min)
 //! ```
@@ -40,6 +44,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod latency;
 mod plan;
 mod report;
 mod run;

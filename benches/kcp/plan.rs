@@ -2,12 +2,14 @@
 //! three configurations, and the figures and results each reading fills in.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeMap,
     path::{Path, PathBuf},
     time::Duration,
 };
 
 use lazyquota_testenv::kcp::ExportedType;
+
+use crate::latency::Samples;
 
 /// The namespace every consumer keeps its objects and quotas in.
 pub(crate) const NS: &str = "bench";
@@ -31,7 +33,13 @@ pub(crate) struct Args {
     pub(crate) bindings_per_workspace: usize,
     pub(crate) objects: usize,
     pub(crate) quota_percent: usize,
+    /// Latency samples per case (cold, shared, watched) at each sampled step.
     pub(crate) samples: usize,
+    /// Only the last step, and only its first syncs and latency samples (no readings).
+    pub(crate) latency_only: bool,
+    /// Pairs of readings of kcp with and without its quota controller at the last step,
+    /// interleaved (its cost's spread); 0: none.
+    pub(crate) cost_runs: usize,
     pub(crate) concurrency: usize,
     pub(crate) settle: Duration,
     pub(crate) settle_max: Duration,
@@ -56,6 +64,7 @@ impl Args {
     pub(crate) fn parse() -> Self {
         let given: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
         let quick = given.iter().any(|a| a == "--quick");
+        let latency_only = given.iter().any(|a| a == "--latency-only");
         let mut a = if quick {
             Self {
                 workspaces: 10,
@@ -65,6 +74,8 @@ impl Args {
                 objects: 2,
                 quota_percent: 10,
                 samples: 3,
+                latency_only: false,
+                cost_runs: 0,
                 concurrency: 8,
                 settle: Duration::from_secs(2),
                 settle_max: Duration::from_secs(30),
@@ -83,7 +94,9 @@ impl Args {
                 bindings_per_workspace: 5,
                 objects: 3,
                 quota_percent: 10,
-                samples: 20,
+                samples: 100,
+                latency_only: false,
+                cost_runs: 0,
                 concurrency: 12,
                 settle: Duration::from_secs(20),
                 settle_max: Duration::from_mins(3),
@@ -100,7 +113,7 @@ impl Args {
             let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
             let num = |v: String| v.parse::<usize>().unwrap_or_else(|_| panic!("not a number: {v}"));
             match flag.as_str() {
-                "--quick" => {}
+                "--quick" | "--latency-only" => {}
                 "--workspaces" => a.workspaces = num(value()),
                 "--exports" => a.exports = num(value()),
                 "--providers" => a.providers = num(value()),
@@ -115,13 +128,15 @@ impl Args {
                 "--out" => a.out = PathBuf::from(value()),
                 "--shared-threshold" => a.shared_threshold = num(value()),
                 "--exact-steps" => a.exact_steps = num(value()),
+                "--cost-runs" => a.cost_runs = num(value()),
                 other => panic!(
-                    "unknown flag {other} (--quick, --workspaces, --exports, --providers, \
+                    "unknown flag {other} (--quick, --latency-only, --workspaces, --exports, --providers, \
                      --bindings-per-workspace, --objects, --quota-percent, --samples, --concurrency, \
-                     --settle, --settle-max, --lq-settle, --shared-threshold, --exact-steps, --out)"
+                     --settle, --settle-max, --lq-settle, --shared-threshold, --exact-steps, --cost-runs, --out)"
                 ),
             }
         }
+        a.latency_only = latency_only;
         if a.providers == 0 {
             a.providers = a.exports;
         }
@@ -154,8 +169,6 @@ pub(crate) struct Plan {
     pub(crate) steps: Vec<usize>,
     /// Quota'd consumers: (consumer, which of its bindings the quota counts).
     pub(crate) quotaed: Vec<(usize, usize)>,
-    /// Consumers without a standing quota that the latency samples use (their binding 0).
-    pub(crate) samplers: Vec<usize>,
     pub(crate) per_workspace: usize,
 }
 
@@ -167,10 +180,6 @@ impl Plan {
         steps.dedup();
         let q = (w * args.quota_percent).div_ceil(100).min(w);
         let quotaed: Vec<(usize, usize)> = (0..q).map(|n| (n * w / q, n % steps[1])).collect();
-        let has_quota: BTreeSet<usize> = quotaed.iter().map(|(i, _)| *i).collect();
-        let free: Vec<usize> = (0..w).filter(|i| !has_quota.contains(i)).collect();
-        let s = args.samples.min(free.len());
-        let samplers = (0..s).map(|n| free[n * free.len() / s]).collect();
         Self {
             consumers: (0..w).map(|i| format!("c-{i:04}")).collect(),
             providers: (0..args.providers).map(|p| format!("p-{p:03}")).collect(),
@@ -179,7 +188,6 @@ impl Plan {
                 .collect(),
             steps,
             quotaed,
-            samplers,
             per_workspace: k,
         }
     }
@@ -266,16 +274,16 @@ pub(crate) struct Reading {
 pub(crate) struct Results {
     pub(crate) readings: BTreeMap<(usize, Config), Reading>,
     pub(crate) first_sync: BTreeMap<(usize, Config), Duration>,
-    pub(crate) create: BTreeMap<(usize, Config), Vec<Duration>>,
-    pub(crate) disengage: BTreeMap<usize, Vec<Duration>>,
-    pub(crate) release: BTreeMap<usize, Vec<Duration>>,
-    pub(crate) opened: BTreeMap<usize, usize>,
+    /// The latency samples of configurations 1 and 3 at each sampled step.
+    pub(crate) latency: BTreeMap<(usize, Config), Samples>,
     /// Config 3 at the last step with fewer quotas: (engaged workspaces, reading).
     pub(crate) sweep: Vec<(usize, Reading)>,
     /// The exact-heap series: (workspaces given a quota, reading), then the reading after
     /// every one of those quotas was deleted.
     pub(crate) exact: Vec<(usize, Reading)>,
     pub(crate) exact_after: Option<Reading>,
+    /// `--cost-runs`: (kcp with its quota controller, without it), in the order read.
+    pub(crate) cost: Vec<(Reading, Reading)>,
     pub(crate) timeline: Vec<(String, Duration)>,
     pub(crate) kcp_version: String,
     /// Whether kcp's profiling endpoint ran the GCs asked for before each sample.

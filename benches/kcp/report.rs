@@ -12,6 +12,7 @@ use crate::common::{
     self,
     stats::{ms, percentile, slope},
 };
+use crate::latency::{Case, Samples};
 use crate::plan::{
     Args, Config, ENGAGED, HARD, KcpFigures, LATENCY_PATIENCE, LqFigures, NS, Plan, Reading, Results, SAMPLE,
     STANDING, WINDOW,
@@ -216,6 +217,7 @@ pub(crate) fn write_results(args: &Args, plan: &Plan, r: &Results, started: Inst
     let mut md = String::new();
     header(&mut md, args, plan, r, started, &bs);
     kcp_tables(&mut md, r, &bs);
+    cost_table(&mut md, r, &bs);
     lazyquota_tables(&mut md, r, &bs);
     sweep_tables(&mut md, r, &bs);
     exact_section(&mut md, args, plan, r);
@@ -318,12 +320,20 @@ fn header(md: &mut String, args: &Args, plan: &Plan, r: &Results, started: Insta
          `lazyquota_jemalloc_allocated_bytes`, VmRSS and RssAnon, established TCP connections to the \
          shard's port (`ss`), the sum of `lazyquota_active_watches`, `lazyquota_kcp_engaged_clusters`, \
          `lazyquota_kcp_shared_watches`.\n\n\
-         Latencies ({} samples per step and configuration, one at a time, in consumers without a \
-         standing quota, on their first bound type): a quota `{SAMPLE}` is created and the time until \
-         its status.used equals the objects is taken (polled every 10 ms); in 3 it is then deleted and \
-         the time until `lazyquota_kcp_engaged_clusters` is back where it was (disengaged) and until \
-         `lazyquota_active_watches` is back (watch released) is taken (polled every 20 ms). Every wait \
-         is bounded ({LATENCY_PATIENCE:?} per sample); a timeout fails the run.\n\n\
+         Latencies ({} samples per case, step and configuration, one at a time, the cases \
+         interleaved): a watch on quota `{SAMPLE}` is opened, the quota is created, and the time from \
+         the create until the watch delivers it with status.used equal to the objects is taken. The \
+         cases differ in what lazyquota has when the quota appears: *cold* — a consumer without a \
+         standing quota, on a bound type no quota of the shard counts (lazyquota engages the \
+         workspace, discovers it and opens a watch of its own); *warm, shared watch* — a consumer \
+         without a standing quota, on a type counted in at least the threshold's workspaces \
+         (lazyquota engages and joins the shared watch); *watched, engaged workspace* — a consumer \
+         with a standing quota, on its type (nothing to open). kcp's controller is sampled on the \
+         same targets. In 3 each sample is then deleted and the time until \
+         `lazyquota_kcp_engaged_clusters` is back where it was (disengaged) and until \
+         `lazyquota_active_watches` is back (watch released) is taken (polled every 20 ms), so the \
+         next cold sample is cold again. Every wait is bounded ({LATENCY_PATIENCE:?} per sample); a \
+         timeout fails the run.\n\n\
          At the last step the quota'd-workspace series is read in 3 after the latency samples (kcp's \
          quota admission keeps per-workspace state, goroutines included, for every workspace a sample \
          touched), then after deleting half of the standing quotas, then all of them.",
@@ -337,7 +347,7 @@ fn header(md: &mut String, args: &Args, plan: &Plan, r: &Results, started: Insta
         } else {
             "**it did not answer: heap figures are wherever the GC cycle was**"
         },
-        plan.samplers.len(),
+        args.samples,
     );
 }
 
@@ -401,7 +411,11 @@ fn kcp_tables(md: &mut String, r: &Results, bs: &[usize]) {
 fn kcp_delta(r: &Results, s: usize) -> Option<KcpFigures> {
     let a = r.readings.get(&(s, Config::KcpQuota))?.kcp;
     let b = r.readings.get(&(s, Config::KcpOnly))?.kcp;
-    Some(KcpFigures {
+    Some(minus(a, b))
+}
+
+fn minus(a: KcpFigures, b: KcpFigures) -> KcpFigures {
+    KcpFigures {
         goroutines: a.goroutines - b.goroutines,
         heap: a.heap - b.heap,
         live: a.live - b.live,
@@ -409,7 +423,61 @@ fn kcp_delta(r: &Results, s: usize) -> Option<KcpFigures> {
         vmrss: a.vmrss - b.vmrss,
         anon: a.anon - b.anon,
         watches: a.watches - b.watches,
-    })
+    }
+}
+
+/// `--cost-runs`: each on/off pair's difference, then the range and median of each column.
+fn cost_table(md: &mut String, r: &Results, bs: &[usize]) {
+    if r.cost.is_empty() {
+        return;
+    }
+    let b = bs.last().copied().unwrap_or_default();
+    let _ = writeln!(
+        md,
+        "\n## Cost of kcp's quota controller, read {} times (B = {b}; on − off, interleaved, same data)\n",
+        r.cost.len()
+    );
+    let _ = writeln!(
+        md,
+        "| pair | Δ goroutines | Δ heap in use MiB | Δ live heap MiB | Δ RSS MiB (metric) | Δ RssAnon MiB | on: stable | off: stable |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
+    let deltas: Vec<KcpFigures> = r.cost.iter().map(|(on, off)| minus(on.kcp, off.kcp)).collect();
+    for (n, ((on, off), d)) in r.cost.iter().zip(&deltas).enumerate() {
+        let _ = writeln!(
+            md,
+            "| {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} |",
+            n + 1,
+            d.goroutines,
+            mib(d.heap),
+            mib(d.live),
+            mib(d.rss_metric),
+            mib(d.anon),
+            on.stable,
+            off.stable
+        );
+    }
+    let column = |f: fn(&KcpFigures) -> f64, scale: f64, digits: usize| {
+        let values: Vec<f64> = deltas.iter().map(|d| f(d) / scale).collect();
+        let (lo, hi) = values
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+                (lo.min(*v), hi.max(*v))
+            });
+        format!(
+            "{lo:.digits$} to {hi:.digits$} (median {:.digits$})",
+            common::stats::median(values)
+        )
+    };
+    let _ = writeln!(
+        md,
+        "| range | {} | {} | {} | {} | {} | | |",
+        column(|d| d.goroutines, 1.0, 0),
+        column(|d| d.heap, 1_048_576.0, 1),
+        column(|d| d.live, 1_048_576.0, 1),
+        column(|d| d.rss_metric, 1_048_576.0, 1),
+        column(|d| d.anon, 1_048_576.0, 1),
+    );
 }
 
 /// lazyquota's own figures at each step, and the marginal cost per APIBinding.
@@ -543,27 +611,43 @@ fn sweep_tables(md: &mut String, r: &Results, bs: &[usize]) {
     }
 }
 
-/// Latency percentiles per step, and the run's timeline.
+fn created(samples: Option<&Samples>, case: Case) -> Option<&Vec<Duration>> {
+    samples.and_then(|x| x.create.get(&case))
+}
+
+/// Latency percentiles per step and case, and the run's timeline.
 fn latencies(md: &mut String, r: &Results, bs: &[usize]) {
     let _ = writeln!(md, "\n## Latencies (p50 / p99 ms)\n");
     let _ = writeln!(
         md,
-        "| B | create → status.used, kcp's controller (1) | create → status.used, lazyquota (3) | delete → disengaged (3) | delete → watches released (3) | samples that opened a watch |"
+        "| B | case | create → status.used, kcp's controller (1) | create → status.used, lazyquota (3) | delete → disengaged (3) | delete → watches released (3) | samples that opened a watch |"
     );
-    let _ = writeln!(md, "|---|---|---|---|---|---|");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|");
     for (s, b) in bs.iter().enumerate().skip(1) {
-        if !r.create.contains_key(&(s, Config::KcpQuota)) {
+        let kcp = r.latency.get(&(s, Config::KcpQuota));
+        let lq = r.latency.get(&(s, Config::Lazyquota));
+        if kcp.is_none() && lq.is_none() {
             continue;
         }
-        let _ = writeln!(
-            md,
-            "| {b} | {} | {} | {} | {} | {} |",
-            p50_p99(r.create.get(&(s, Config::KcpQuota))),
-            p50_p99(r.create.get(&(s, Config::Lazyquota))),
-            p50_p99(r.disengage.get(&s)),
-            p50_p99(r.release.get(&s)),
-            r.opened.get(&s).map_or_else(|| "–".into(), ToString::to_string),
-        );
+        for case in Case::ALL {
+            let (kcp_create, lq_create) = (created(kcp, case), created(lq, case));
+            if kcp_create.is_none() && lq_create.is_none() {
+                continue;
+            }
+            let _ = writeln!(
+                md,
+                "| {b} | {} | {} | {} | {} | {} | {} |",
+                case.name(),
+                p50_p99(kcp_create),
+                p50_p99(lq_create),
+                p50_p99(lq.and_then(|x| x.disengage.get(&case))),
+                p50_p99(lq.and_then(|x| x.release.get(&case))),
+                lq.map_or_else(
+                    || "–".into(),
+                    |x| x.opened.get(&case).copied().unwrap_or(0).to_string()
+                ),
+            );
+        }
     }
 
     let _ = writeln!(md, "\n## Timeline\n\n| phase | s |\n|---|---|");

@@ -8,11 +8,12 @@ use std::{
 
 use futures::{StreamExt as _, stream};
 
-use crate::plan::{Args, Config, ENGAGED, NS, Plan, Results, SAMPLE, STANDING};
+use crate::latency::{sample, targets};
+use crate::plan::{Args, Config, ENGAGED, NS, Plan, Results, STANDING};
 use crate::report::{machine_facts, write_results};
 use crate::scenario::{
-    bind_step, close, create_exports, create_quotas, create_to_status, create_workspaces, delete_quota, gone,
-    lq_until, reset_status, settle, synced,
+    bind_step, close, create_exports, create_quotas, create_workspaces, delete_quota, lq_until, reset_status,
+    settle, synced,
 };
 use crate::shard::{Lazyquota, Shard, call, quota_body, start_kcp};
 
@@ -92,8 +93,12 @@ pub(crate) async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
                 .unwrap_or_else(|e| panic!("standing quota in root:c-{i:04}: {e}"));
             }
         }
-        reset_status(&shard, &clusters, &standing, args.concurrency).await;
         eprintln!("kcp: B={b}: data ready after {:?}", started.elapsed());
+        if args.latency_only && s != last {
+            continue;
+        }
+        reset_status(&shard, &clusters, &standing, args.concurrency).await;
+        let targets = targets(&plan, s, args.shared_threshold, args.samples);
 
         // 1: kcp with its quota controller, restarted on the data.
         let t = Instant::now();
@@ -114,18 +119,14 @@ pub(crate) async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
         if !standing.is_empty() {
             res.first_sync.insert((s, Config::KcpQuota), first);
         }
-        let reading = settle(&mut shard, None, args, args.settle).await;
-        eprintln!("kcp: B={b} {}: {reading:?}", Config::KcpQuota.name());
-        res.readings.insert((s, Config::KcpQuota), reading);
+        if !args.latency_only {
+            let reading = settle(&mut shard, None, args, args.settle).await;
+            eprintln!("kcp: B={b} {}: {reading:?}", Config::KcpQuota.name());
+            res.readings.insert((s, Config::KcpQuota), reading);
+        }
         if s > 0 {
-            let mut samples = Vec::new();
-            for &i in &plan.samplers {
-                samples
-                    .push(create_to_status(&shard, &clusters[i], &plan.key(i, 0), args.objects, "kcp").await);
-                delete_quota(&shard, &clusters[i], SAMPLE).await;
-                gone(&shard, &clusters[i], SAMPLE).await;
-            }
-            res.create.insert((s, Config::KcpQuota), samples);
+            let samples = sample(&shard, &clusters, &targets, args.objects, None).await;
+            res.latency.insert((s, Config::KcpQuota), samples);
         }
 
         // 2: the same data, kcp without its quota controller.
@@ -136,9 +137,11 @@ pub(crate) async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
         // The same writes as in 1 and 3 (kcp's quota admission keeps per-workspace state for
         // every workspace written to since the start): status.used to 0 for lazyquota's first sync.
         reset_status(&shard, &clusters, &standing, args.concurrency).await;
-        let reading = settle(&mut shard, None, args, args.settle).await;
-        eprintln!("kcp: B={b} {}: {reading:?}", Config::KcpOnly.name());
-        res.readings.insert((s, Config::KcpOnly), reading);
+        if !args.latency_only {
+            let reading = settle(&mut shard, None, args, args.settle).await;
+            eprintln!("kcp: B={b} {}: {reading:?}", Config::KcpOnly.name());
+            res.readings.insert((s, Config::KcpOnly), reading);
+        }
 
         // 3: lazyquota on the shard (kcp's quota controller still off, nothing wrote since).
         let mut lq = Lazyquota::start(&shard, dir, bin, &format!("b{b}"), args.shared_threshold, None);
@@ -160,43 +163,16 @@ pub(crate) async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
             close(e, quota_count)
         })
         .await;
-        let reading = settle(&mut shard, Some(&mut lq), args, args.lq_settle.max(args.settle)).await;
-        eprintln!("kcp: B={b} {}: {reading:?}", Config::Lazyquota.name());
-        res.readings.insert((s, Config::Lazyquota), reading);
-        if s > 0 {
-            let (mut creates, mut disengages, mut releases, mut opened) = (vec![], vec![], vec![], 0);
-            for &i in &plan.samplers {
-                let (engaged, watches) = lq.engagement().await.expect("lazyquota metrics");
-                creates.push(
-                    create_to_status(&shard, &clusters[i], &plan.key(i, 0), args.objects, "lazyquota").await,
-                );
-                if lq.engagement().await.is_some_and(|(_, w)| w > watches) {
-                    opened += 1;
-                }
-                let t = Instant::now();
-                delete_quota(&shard, &clusters[i], SAMPLE).await;
-                lq_until(
-                    &mut lq,
-                    "disengaging a workspace whose quota was deleted",
-                    |e, _| close(e, engaged),
-                )
-                .await;
-                disengages.push(t.elapsed());
-                lq_until(
-                    &mut lq,
-                    "releasing the watch of a disengaged workspace",
-                    |_, w| w <= watches + 0.5,
-                )
-                .await;
-                releases.push(t.elapsed());
-                gone(&shard, &clusters[i], SAMPLE).await;
-            }
-            res.create.insert((s, Config::Lazyquota), creates);
-            res.disengage.insert(s, disengages);
-            res.release.insert(s, releases);
-            res.opened.insert(s, opened);
+        if !args.latency_only {
+            let reading = settle(&mut shard, Some(&mut lq), args, args.lq_settle.max(args.settle)).await;
+            eprintln!("kcp: B={b} {}: {reading:?}", Config::Lazyquota.name());
+            res.readings.insert((s, Config::Lazyquota), reading);
         }
-        if s == last {
+        if s > 0 {
+            let samples = sample(&shard, &clusters, &targets, args.objects, Some(&mut lq)).await;
+            res.latency.insert((s, Config::Lazyquota), samples);
+        }
+        if s == last && !args.latency_only {
             // Fewer quota'd workspaces, same bindings: lazyquota's cost per engaged workspace.
             // Read again after the latency samples: kcp's quota admission keeps per-workspace
             // state (evaluator goroutines) for the workspaces the samples touched.
@@ -225,11 +201,17 @@ pub(crate) async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
             }
         }
         drop(lq);
-        if s == last && args.exact_steps > 0 {
+        if s == last && args.exact_steps > 0 && !args.latency_only {
             let t = Instant::now();
             exact_series(&mut shard, &plan, &clusters, args, dir, bin, &mut res).await;
             res.timeline
                 .push((format!("B={b}: exact-heap series"), t.elapsed()));
+        }
+        if s == last && args.cost_runs > 0 {
+            let t = Instant::now();
+            cost_series(&mut shard, &clusters, &standing, args, dir, &mut res).await;
+            res.timeline
+                .push((format!("B={b}: {} on/off pairs", args.cost_runs), t.elapsed()));
         }
         res.done = s == last;
         write_results(args, &plan, &res, started);
@@ -316,4 +298,45 @@ pub(crate) async fn exact_series(
     let after = settle(shard, Some(&mut lq), args, fixed).await;
     eprintln!("kcp: exact heap, all deleted again: {after:?}");
     res.exact_after = Some(after);
+}
+
+/// kcp's quota controller's cost read again and again (`--cost-runs` pairs at the last step,
+/// on then off, on the same data): one pair is one difference of two noisy readings, so the
+/// spread over several says what the difference is worth. Each process sees the same status
+/// writes as in configurations 1 and 2: every standing quota's status is reset to 0 before kcp
+/// starts with its controller (which writes it back), and by the bench after kcp starts
+/// without.
+async fn cost_series(
+    shard: &mut Shard,
+    clusters: &[String],
+    standing: &[(usize, String)],
+    args: &Args,
+    dir: &Path,
+    res: &mut Results,
+) {
+    let patience = Duration::from_secs(300 + standing.len() as u64);
+    for run in 1..=args.cost_runs {
+        reset_status(shard, clusters, standing, args.concurrency).await;
+        *shard = start_kcp(dir, true, true).await;
+        synced(
+            shard,
+            clusters,
+            (STANDING, standing),
+            args.objects,
+            patience,
+            "kcp's quota controller",
+            None,
+        )
+        .await;
+        let on = settle(shard, None, args, args.settle).await;
+        *shard = start_kcp(dir, false, true).await;
+        reset_status(shard, clusters, standing, args.concurrency).await;
+        let off = settle(shard, None, args, args.settle).await;
+        eprintln!(
+            "kcp: cost run {run}: Δ goroutines {:.0}, Δ live heap {:.1} MiB",
+            on.kcp.goroutines - off.kcp.goroutines,
+            (on.kcp.live - off.kcp.live) / 1_048_576.0
+        );
+        res.cost.push((on, off));
+    }
 }

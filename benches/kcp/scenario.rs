@@ -11,7 +11,7 @@ use serde_json::json;
 
 use crate::common::stats::{median, spread};
 use crate::plan::{
-    Args, ENGAGED, HARD, KcpFigures, LATENCY_PATIENCE, LqFigures, NS, Plan, Reading, SAMPLE, STANDING, WINDOW,
+    Args, ENGAGED, HARD, KcpFigures, LATENCY_PATIENCE, LqFigures, NS, Plan, Reading, STANDING, WINDOW,
 };
 use crate::shard::{Lazyquota, Shard, call, create, quota_body, quota_path, used};
 
@@ -331,38 +331,6 @@ pub(crate) async fn synced(
             wrong[0]
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// One sample: a quota created in a consumer without one → status.used = objects.
-pub(crate) async fn create_to_status(
-    shard: &Shard,
-    cluster: &str,
-    key: &str,
-    objects: usize,
-    who: &str,
-) -> Duration {
-    let path = quota_path(cluster, SAMPLE);
-    let t = Instant::now();
-    call(
-        &shard.root,
-        "POST",
-        &format!("/clusters/{cluster}/api/v1/namespaces/{NS}/resourcequotas"),
-        Some(&quota_body(SAMPLE, key)),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("creating {path}: {e}"));
-    loop {
-        if let Ok(q) = call(&shard.root, "GET", &path, None).await
-            && used(&q, key) == Some(objects as u64)
-        {
-            return t.elapsed();
-        }
-        assert!(
-            t.elapsed() < LATENCY_PATIENCE,
-            "{who}: quota {path} never got status.used {key} = {objects} within {LATENCY_PATIENCE:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

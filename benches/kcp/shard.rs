@@ -252,7 +252,11 @@ impl Lazyquota {
             .args(["--kcp-shard-url", &shard.url])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
             .args(["--kcp-shared-watch-threshold", &shared_threshold.to_string()])
-            .env("RUST_LOG", "warn")
+            // LAZYQUOTA_BENCH_LOG: lazyquota's RUST_LOG, to trace a run (its log is in the state dir).
+            .env(
+                "RUST_LOG",
+                std::env::var("LAZYQUOTA_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("lazyquota log"))
             .spawn()

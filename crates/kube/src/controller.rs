@@ -24,6 +24,7 @@ pub mod members;
 mod quotas;
 mod shared;
 pub mod snapshot;
+mod trace;
 mod view;
 pub mod watch;
 
@@ -266,6 +267,7 @@ impl Controller {
     /// Hands one input to the reconciler and carries out what it decided.
     fn feed(&mut self, input: Input) {
         let started = Instant::now();
+        trace::input(&input);
         self.reconciler.handle(input, at_now());
         self.carry_out(started);
     }
@@ -274,6 +276,7 @@ impl Controller {
     /// them began, for the sync-duration metric of syncs decided at once).
     fn carry_out(&mut self, started: Instant) {
         for effect in self.reconciler.take_effects() {
+            trace::effect(&effect);
             match effect {
                 Effect::OpenWatch { id, key, served } => self.open_watch(id, &key, &served),
                 Effect::CloseWatch { id } => {

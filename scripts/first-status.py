@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Where a new quota's first status took its time, from a lazyquota log.
+
+Reads the debug lines of `lazyquota_kube::controller::trace` (run lazyquota with
+`RUST_LOG=info,lazyquota_kube::controller::trace=debug`, text log format) and, for every quota
+named NAME created without a status, prints the time from lazyquota seeing it to each step of
+its first status: discovery, its watch's list or its share's list, the write. Then the p50 and
+p99 of each phase over all of them.
+
+    python3 scripts/first-status.py LOG [--name sample]
+"""
+
+import argparse
+import re
+import sys
+from datetime import datetime
+
+LINE = re.compile(r"^(\S+)\s+DEBUG\s+lazyquota_kube::controller::trace:\s+(.*?)((?:\s+\w+=\S+)*)\s*$")
+FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
+PHASES = [
+    ("to discovery", "seen", "discovering"),
+    ("discovery", "discovering", "discovered"),
+    ("to list", "discovered", "listing"),
+    ("list", "listing", "listed"),
+    ("to write", "listed", "writing"),
+    ("write", "writing", "written"),
+    ("seen to written", "seen", "written"),
+]
+
+
+def parse(path):
+    for raw in open(path, encoding="utf-8", errors="replace"):
+        m = LINE.match(raw.rstrip("\n"))
+        if not m:
+            continue
+        stamp, message, fields = m.groups()
+        at = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+        values = {k: v.strip('"') for k, v in FIELD.findall(fields)}
+        yield at, message.strip(), values
+
+
+def samples(path, name):
+    open_ = {}  # cluster -> sample (phase -> time)
+    watch_of = {}  # watch id -> cluster
+    shares = []  # clusters listing a share, in order
+    done = []
+    for at, message, f in parse(path):
+        cluster = f.get("cluster", "")
+        if message == "quota seen" and f.get("quota") == name and f.get("status") == "false":
+            open_.setdefault(cluster, {"seen": at, "cluster": cluster})
+        elif message == "discovering" and cluster in open_:
+            open_[cluster].setdefault("discovering", at)
+        elif message == "discovered" and cluster in open_:
+            open_[cluster].setdefault("discovered", at)
+        elif message == "opening watch" and cluster in open_:
+            watch_of[f.get("id")] = cluster
+            open_[cluster].setdefault("listing", at)
+        elif message == "listed" and watch_of.get(f.get("id")) in open_:
+            open_[watch_of[f["id"]]].setdefault("listed", at)
+        elif message == "listing share" and cluster in open_:
+            shares.append(cluster)
+            open_[cluster].setdefault("listing", at)
+        elif message == "share listed" and shares:
+            c = shares.pop(0)
+            if c in open_:
+                open_[c].setdefault("listed", at)
+        elif message in ("writing status", "status written"):
+            key = f.get("key", "")
+            c = key.split("|", 1)[0]
+            if c in open_ and key.endswith("/" + name):
+                if message == "writing status":
+                    open_[c].setdefault("writing", at)
+                else:
+                    s = open_.pop(c)
+                    s["written"] = at
+                    done.append(s)
+    return done
+
+
+def pct(values, p):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("log")
+    parser.add_argument("--name", default="sample")
+    args = parser.parse_args()
+    found = samples(args.log, args.name)
+    if not found:
+        sys.exit(f"error: no quota {args.name!r} created and written in {args.log} (is the trace target at debug?)")
+    print(f"{len(found)} first statuses of quotas named {args.name!r}\n")
+    print("| phase | n | p50 ms | p99 ms | max ms |\n|---|---|---|---|---|")
+    for label, a, b in PHASES:
+        d = [1000 * (s[b] - s[a]) for s in found if a in s and b in s]
+        if d:
+            print(f"| {label} | {len(d)} | {pct(d, 50):.1f} | {pct(d, 99):.1f} | {max(d):.1f} |")
+
+
+if __name__ == "__main__":
+    main()
