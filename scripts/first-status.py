@@ -3,7 +3,7 @@
 
 Reads the debug lines of `lazyquota_kube::controller::trace` (run lazyquota with
 `RUST_LOG=info,lazyquota_kube::controller::trace=debug`, text log format) and, for every quota
-named NAME created without a status, prints the time from lazyquota seeing it to each step of
+named NAME (each by its uid), prints the time from lazyquota seeing it to each step of
 its first status: discovery, its watch's list or its share's list, the write. Then the p50 and
 p99 of each phase over all of them.
 
@@ -15,11 +15,14 @@ import re
 import sys
 from datetime import datetime
 
-LINE = re.compile(r"^(\S+)\s+DEBUG\s+lazyquota_kube::controller::trace:\s+(.*?)((?:\s+\w+=\S+)*)\s*$")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+LINE = re.compile(r"^(\S+)\s+DEBUG\s+(?:\S+:\s+)?lazyquota_kube::controller::trace:\s+(.*?)((?:\s+\w+=\S+)*)\s*$")
 FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
 PHASES = [
     ("to discovery", "seen", "discovering"),
     ("discovery", "discovering", "discovered"),
+    ("  of which /api and /apis", "discovering", "walking"),
+    ("  of which the group walk", "walking", "discovered"),
     ("to list", "discovered", "listing"),
     ("list", "listing", "listed"),
     ("to write", "listed", "writing"),
@@ -30,7 +33,7 @@ PHASES = [
 
 def parse(path):
     for raw in open(path, encoding="utf-8", errors="replace"):
-        m = LINE.match(raw.rstrip("\n"))
+        m = LINE.match(ANSI.sub("", raw.rstrip("\n")))
         if not m:
             continue
         stamp, message, fields = m.groups()
@@ -44,12 +47,27 @@ def samples(path, name):
     watch_of = {}  # watch id -> cluster
     shares = []  # clusters listing a share, in order
     done = []
+    seen = set()  # uids of quotas already started
+    closed = {}  # cluster -> when its last sample was written
     for at, message, f in parse(path):
         cluster = f.get("cluster", "")
-        if message == "quota seen" and f.get("quota") == name and f.get("status") == "false":
-            open_.setdefault(cluster, {"seen": at, "cluster": cluster})
+        if message == "quota seen" and f.get("quota") == name and cluster not in open_:
+            # A quota's first event starts a sample; the events of its own status writes do
+            # not (by uid; a log without uids: not within 0.2 s of the cluster's last write).
+            uid = f.get("uid")
+            if uid is not None and uid in seen:
+                continue
+            if uid is None and at - closed.get(cluster, -1e9) < 0.2:
+                continue
+            seen.add(uid)
+            open_[cluster] = {"seen": at, "cluster": cluster}
         elif message == "discovering" and cluster in open_:
             open_[cluster].setdefault("discovering", at)
+        elif message == "discovery: walking the groups":
+            c = f.get("prefix", "").rsplit("/", 1)[-1]
+            if c in open_:
+                open_[c].setdefault("walking", at)
+                open_[c].setdefault("group_versions", f.get("group_versions"))
         elif message == "discovered" and cluster in open_:
             open_[cluster].setdefault("discovered", at)
         elif message == "opening watch" and cluster in open_:
@@ -73,6 +91,7 @@ def samples(path, name):
                 else:
                     s = open_.pop(c)
                     s["written"] = at
+                    closed[c] = at
                     done.append(s)
     return done
 

@@ -186,7 +186,15 @@ impl Controller {
         let mut shutdown = std::pin::pin!(shutdown);
 
         let outcome = loop {
-            let wakeup = self.reconciler.next_wakeup(Instant::now());
+            let mut wakeup = self.reconciler.next_wakeup(Instant::now());
+            if wakeup.is_some_and(|at| at <= Instant::now()) {
+                // Due already (a quota an input queued, a discovery of a cluster just engaged):
+                // at once, not at the timer's next millisecond tick.
+                let started = Instant::now();
+                self.reconciler.tick(at_now());
+                self.carry_out(started);
+                wakeup = self.reconciler.next_wakeup(Instant::now());
+            }
             tokio::select! {
                 () = &mut shutdown => break Ok(()),
                 event = quota_events.next() => match event {

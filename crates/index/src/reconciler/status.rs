@@ -259,17 +259,46 @@ impl Reconciler {
             })
         };
         // Otherwise only the watches of a key's own objects can hold it back (a new key of
-        // another type is not kept waiting for a quiet watch it does not read).
+        // another type is not kept waiting for a quiet watch it does not read), and not even
+        // those when a neighbour vouches for the key.
         let behind = |name: &str| {
             let own = sources.of(name);
             let resources = own.as_deref().unwrap_or(&every);
             recently_charged(resources)
-                || !self
-                    .watches
-                    .feeding(key, all, resources)
-                    .all(|w| w.observed >= rv || self.opened.get(&w.id).is_some_and(|at| *at >= changed))
+                || !(self.vouched(key, entry.demand_namespace(), name, now_ms)
+                    || self
+                        .watches
+                        .feeding(key, all, resources)
+                        .all(|w| w.observed >= rv || self.opened.get(&w.id).is_some_and(|at| *at >= changed)))
         };
         lowering::hold_until_caught_up(&entry.payload, behind, decision).then_some(settled)
+    }
+
+    /// Whether an unscoped quota of the same namespace has had key `name` since longer ago
+    /// than [`lowering::SETTLE_MS`]: then every object of the key's types stored before
+    /// `key`'s quota appeared was either charged to that neighbour by admission — a charge the
+    /// quota watch delivered before this quota, which `recently_charged` holds the key for
+    /// while it is recent — or stored longer ago than the neighbour's settling time, which the
+    /// watches have delivered (the assumption the settling time rests on). So a new quota on a
+    /// type a quiet watch already serves is written at once, as kcp's and KCM's controllers
+    /// write it, instead of after the settling time. Not for a quota computed over every
+    /// namespace (kcp's cluster-scoped quota): its objects are charged to quotas of other
+    /// namespaces too.
+    fn vouched(&self, key: &QuotaKey, namespace: &std::sync::Arc<str>, name: &str, now_ms: u64) -> bool {
+        if **namespace == *crate::keys::ALL_NAMESPACES {
+            return false;
+        }
+        self.engine
+            .index
+            .in_namespace(&key.cluster, &key.namespace)
+            .filter(|n| *n != key)
+            .filter_map(|n| self.engine.index.get(n))
+            .any(|n| {
+                n.demand_namespace() == namespace
+                    && n.payload.spec.scopes.is_empty()
+                    && n.payload.spec.hard_keys.contains(name)
+                    && n.payload.spec_ms.saturating_add(lowering::SETTLE_MS) <= now_ms
+            })
     }
 
     /// Whether a resource the quota needs is still on its first list (not failing, opened less

@@ -38,6 +38,12 @@ pub async fn discover(client: &Client, route: &Route) -> Result<Discovered, kube
     let core = or_legacy(client, at("/api"), core).await?;
     let apis = or_legacy(client, at("/apis"), apis).await?;
     let plan = Plan::new(core, apis).map_err(kube::Error::SerdeError)?;
+    tracing::debug!(
+        target: "lazyquota_kube::controller::trace",
+        prefix = route.prefix(),
+        group_versions = plan.walk.iter().map(|(_, paths)| paths.len()).sum::<usize>(),
+        "discovery: walking the groups"
+    );
     let lists = walk_groups(client, route, &plan.walk).await?;
     Ok(plan.read(lists))
 }

@@ -23,7 +23,7 @@ pub(super) fn input(input: &Input) {
                 .as_ref()
                 .and_then(|a| a.get("kcp.io/cluster"))
                 .map_or("", String::as_str),
-            status = q.status.is_some(),
+            uid = q.metadata.uid.as_deref().unwrap_or_default(),
             "quota seen"
         ),
         Input::Discovered { cluster, result } => debug!(%cluster, ok = result.is_ok(), "discovered"),

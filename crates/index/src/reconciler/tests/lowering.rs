@@ -224,3 +224,48 @@ fn a_new_key_is_held_only_by_a_recent_charge_of_its_own_objects() {
         );
     }
 }
+
+#[test]
+fn a_new_quota_on_a_quiet_watched_type_is_written_at_once_when_a_settled_unscoped_neighbour_has_its_key() {
+    // The kcp benchmark's "watched" case: a workspace's standing quota counts a type whose
+    // watch is quiet; a second quota on that type was held for the whole settling time. A
+    // neighbour that has had the key for longer than the settling time vouches for it;
+    // one still settling, or one with scopes (admission charges it only some objects), not.
+    for (neighbour, at_once) in [("settled", true), ("settling", false), ("scoped", false)] {
+        let (mut h, w) = written_at_20();
+        match neighbour {
+            "settled" => {}
+            "settling" => {
+                // The neighbour's key is new: its spec changed a moment ago.
+                let mut q = written(&w, 25);
+                q.spec.as_mut().expect("spec").hard = Some(list(&[(CM, "11")]));
+                h.feed(Input::Quota(QuotaEvent::Applied(q)));
+            }
+            _ => {
+                let mut q = written(&w, 25);
+                q.spec.as_mut().expect("spec").scopes = Some(vec!["BestEffort".into()]);
+                h.feed(Input::Quota(QuotaEvent::Applied(q)));
+            }
+        }
+        if neighbour != "settling" {
+            h.tick(crate::lowering::SETTLE_MS);
+        }
+        let mut second = quota(30, &[(CM, "7")], None);
+        second.metadata.name = Some("s".into());
+        second.metadata.uid = Some("uid-s".into());
+        let mut effects = h.feed(Input::Quota(QuotaEvent::Applied(second)));
+        effects.extend(h.tick(1));
+        let first: Vec<_> = writes(&effects)
+            .into_iter()
+            .filter(|w| &*w.key.name == "s" && w.used.contains_key(CM))
+            .collect();
+        assert_eq!(
+            !first.is_empty(),
+            at_once,
+            "{neighbour} neighbour: the new quota's key written at once? {effects:?}"
+        );
+        if at_once {
+            assert_eq!(first[0].used, list(&[(CM, "2")]), "both ConfigMaps counted");
+        }
+    }
+}

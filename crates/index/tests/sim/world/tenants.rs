@@ -120,8 +120,18 @@ impl World {
             self.trace_line(|| format!("quota {ns}/q2 deleted"));
             self.quota_changed(ns, "q2", Some(q));
         } else {
-            let now = self.server.stored(ns, "count/configmaps");
-            let hard = BTreeMap::from([("count/configmaps".to_owned(), now + 3000)]);
+            let first = self.server.quotas.get(&(ns.to_owned(), "q".to_owned()));
+            let keys: Vec<String> = match first {
+                Some(q) if self.twins => q.hard.keys().cloned().collect(),
+                _ => vec!["count/configmaps".to_owned()],
+            };
+            let hard: BTreeMap<String, i64> = keys
+                .into_iter()
+                .map(|k| {
+                    let now = self.server.stored(ns, &k);
+                    (k, now + 3000)
+                })
+                .collect();
             self.server.put_quota(ns, "q2", hard);
             self.trace_line(|| format!("quota {ns}/q2 created"));
             self.quota_changed(ns, "q2", None);
