@@ -28,7 +28,7 @@ async fn eager_mode_watches_every_quotable_type() {
     create_crd(&client, &group, "sprockets").await;
 
     let expected = eventually(Duration::from_mins(1), || async {
-        let discovered = discover(&client, &lazyquota_kube::transport::route::Route::direct())
+        let discovered = discover(&client, &lazyquota_kube::transport::route::Route::direct(), None)
             .await
             .ok()?;
         let quotable: Vec<String> = discovered

@@ -8,7 +8,8 @@
 //! - an API change in it asks for runs 300, 1,000, 3,000 and 8,000 ms later (a new CRD is served a moment
 //!   after its object appears; the later runs catch it);
 //! - until a first discovery succeeds, a failure asks for another run after 1 s, doubling up to
-//!   the poll period (no status is written before one succeeds);
+//!   the poll period (no status is written before one succeeds); a first discovery narrowed to
+//!   some groups asks for the full one a second later, retried the same way;
 //! - otherwise the next run is one poll period after the last one started;
 //! - at most `max_running` discoveries run at once (engaging 1,000 workspaces at start does not
 //!   send 1,000 walks at once), the earliest due first.
@@ -113,6 +114,18 @@ impl Discoveries {
     pub fn api_changed(&mut self, cluster: &ClusterName, now: Instant) {
         let retries = AFTER_CHANGE_MS.map(|ms| now + Duration::from_millis(ms)).to_vec();
         self.update(cluster, |slot| slot.retries = retries);
+    }
+
+    /// The run of `cluster` that just finished succeeded but skipped groups (a narrowed first
+    /// discovery): the full one is due at `at`, and until one succeeds a failure is retried
+    /// soon, as a failed first discovery is.
+    pub fn incomplete(&mut self, cluster: &ClusterName, at: Instant) {
+        self.update(cluster, |slot| {
+            slot.known = false;
+            let i = slot.retries.partition_point(|r| *r < at);
+            slot.retries.insert(i, at);
+            slot.retries.truncate(AFTER_CHANGE_MS.len() + 1);
+        });
     }
 
     /// Every cluster's types may have changed (the API watches listed again): one run each,

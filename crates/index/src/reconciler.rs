@@ -319,7 +319,8 @@ impl Reconciler {
     /// concurrency).
     pub fn tick(&mut self, now: Now) {
         for cluster in self.discoveries.start_due(now.instant) {
-            self.effects.push(Effect::Discover(cluster));
+            let groups = self.discovery_groups(&cluster);
+            self.effects.push(Effect::Discover { cluster, groups });
         }
         self.hub.tick(now.instant, &mut self.effects);
         if self.next_resync.is_some_and(|at| at <= now.instant) {
@@ -332,6 +333,25 @@ impl Reconciler {
             };
             self.sync_quota(key, now);
         }
+    }
+
+    /// The groups a discovery of `cluster` asks for ([`Effect::Discover`]): on a kcp shard in
+    /// lazy mode, a workspace's first discovery asks only for the groups its quotas name —
+    /// what its first statuses wait for — and the full one follows
+    /// ([`Discovered::skipped_groups`]). Every other discovery asks for everything.
+    fn discovery_groups(&self, cluster: &ClusterName) -> Option<BTreeSet<String>> {
+        if self.shard.is_none() || self.settings.mode != Mode::Lazy || self.engine.resolver.knows(cluster) {
+            return None;
+        }
+        Some(
+            self.engine
+                .index
+                .demanded()
+                .filter(|(c, _)| c == cluster)
+                .map(|(_, r)| r.group.clone())
+                .filter(|g| !g.is_empty())
+                .collect(),
+        )
     }
 
     /// When [`Reconciler::tick`] has something to do next (`None`: only an input can bring

@@ -11,7 +11,7 @@
 //! a shard of a few clusters; this drives the same Reconciler at a larger scale.
 
 use std::{
-    collections::{BTreeMap, VecDeque},
+    collections::{BTreeMap, BTreeSet, VecDeque},
     time::{Duration, Instant},
 };
 
@@ -96,6 +96,8 @@ struct Shard {
     shared: Option<SharedKey>,
     /// The last `used` written per cluster.
     used: BTreeMap<String, String>,
+    /// Every discovery asked for: the cluster and the groups asked for.
+    discoveries: Vec<(ClusterName, Option<BTreeSet<String>>)>,
     violations: Vec<String>,
 }
 
@@ -131,6 +133,7 @@ impl Shard {
             most_lists: 0,
             shared: None,
             used: BTreeMap::new(),
+            discoveries: Vec::new(),
             violations: Vec::new(),
         }
     }
@@ -168,13 +171,27 @@ impl Shard {
         let mut pending: VecDeque<Effect> = self.rec.take_effects().into();
         while let Some(effect) = pending.pop_front() {
             let input = match effect {
-                Effect::Discover(c) => Some(Input::Discovered {
-                    cluster: c,
-                    result: Ok(Discovered {
-                        served: vec![widgets()],
-                        failed_groups: Vec::new(),
-                    }),
-                }),
+                Effect::Discover { cluster, groups } => {
+                    // kcp lists its own groups besides the bound one: a narrowed discovery
+                    // skips them.
+                    let skipped_groups = match &groups {
+                        Some(_) => vec!["apis.kcp.io".to_owned()],
+                        None => Vec::new(),
+                    };
+                    let served = match &groups {
+                        Some(g) if !g.contains("example.io") => Vec::new(),
+                        _ => vec![widgets()],
+                    };
+                    self.discoveries.push((cluster.clone(), groups));
+                    Some(Input::Discovered {
+                        cluster,
+                        result: Ok(Discovered {
+                            served,
+                            failed_groups: Vec::new(),
+                            skipped_groups,
+                        }),
+                    })
+                }
                 Effect::OpenWatch { id, key, .. } => {
                     // A watch of the cluster's own: its list at once, as one input per item.
                     let i = Self::index_of(&key.cluster);
@@ -387,4 +404,29 @@ fn a_burst_far_beyond_the_joining_buffer_reaches_a_live_subscriber_whole() {
         Some((objects_of(i) + burst).to_string().as_str()),
         "every event of the burst counted"
     );
+}
+
+#[test]
+fn a_workspace_first_discovery_asks_only_for_its_quotas_groups_and_the_full_one_follows() {
+    mutation::set(None);
+    let shard = run().unwrap_or_else(|e| panic!("{e}"));
+    for i in 0..CLUSTERS {
+        let asked: Vec<&Option<BTreeSet<String>>> = shard
+            .discoveries
+            .iter()
+            .filter(|(c, _)| *c == cluster(i))
+            .map(|(_, groups)| groups)
+            .collect();
+        assert_eq!(
+            asked.first(),
+            Some(&&Some(BTreeSet::from(["example.io".to_owned()]))),
+            "{}: the first discovery asks for the widgets' group alone: {asked:?}",
+            cluster(i)
+        );
+        assert!(
+            asked.iter().skip(1).any(|g| g.is_none()),
+            "{}: a full discovery follows the narrowed one: {asked:?}",
+            cluster(i)
+        );
+    }
 }

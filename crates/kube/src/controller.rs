@@ -32,7 +32,7 @@ pub use config::Config;
 use config::settings;
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeSet, HashMap},
     future::Future,
     sync::Arc,
     time::{Duration, Instant},
@@ -297,7 +297,7 @@ impl Controller {
                     namespace,
                     served,
                 } => self.fill(key, namespace, served),
-                Effect::Discover(cluster) => self.discover(cluster),
+                Effect::Discover { cluster, groups } => self.discover(cluster, groups),
                 Effect::WriteStatus(write) => self.write_status(write),
                 Effect::ReadQuota(key) => self.read_quota(key),
                 Effect::Event {
@@ -379,12 +379,13 @@ impl Controller {
         );
     }
 
-    fn discover(&mut self, cluster: ClusterName) {
+    fn discover(&mut self, cluster: ClusterName, groups: Option<BTreeSet<String>>) {
         let client = self.client.clone();
         let route = self.route(&cluster);
         self.answers.push(
             async move {
-                let result: Result<Discovered, kube::Error> = discover(&client, &route).await;
+                let result: Result<Discovered, kube::Error> =
+                    discover(&client, &route, groups.as_ref()).await;
                 let result = result.map_err(|e| e.to_string());
                 Input::Discovered { cluster, result }
             }

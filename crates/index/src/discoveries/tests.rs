@@ -192,3 +192,28 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_narrowed_first_discovery_asks_for_the_full_one_and_retries_it_soon_when_it_fails() {
+    let t0 = Instant::now();
+    let mut d = Discoveries::new(POLL, 4);
+    d.add(c("a"), t0);
+    assert_eq!(d.start_due(t0), [c("a")]);
+    d.finished(&c("a"), true, t0 + ms(10));
+    d.incomplete(&c("a"), t0 + ms(1_010));
+    assert!(d.start_due(t0 + ms(1_000)).is_empty());
+    assert_eq!(d.start_due(t0 + ms(1_010)), [c("a")], "the full discovery");
+    d.finished(&c("a"), false, t0 + ms(1_020));
+    assert_eq!(
+        d.next_due(),
+        Some(t0 + ms(2_020)),
+        "a failed full discovery is retried after 1 s, not at the next poll"
+    );
+    assert_eq!(d.start_due(t0 + ms(2_020)), [c("a")]);
+    d.finished(&c("a"), true, t0 + ms(2_030));
+    assert_eq!(
+        d.next_due(),
+        Some(t0 + ms(2_020) + POLL),
+        "complete: the poll's schedule again"
+    );
+}

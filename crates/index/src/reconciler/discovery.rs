@@ -19,7 +19,15 @@ pub struct Discovered {
     pub served: Vec<ServedResource>,
     /// Groups whose discovery failed in this run (their previous results are kept).
     pub failed_groups: Vec<String>,
+    /// Groups the server lists that this run did not ask for (an [`Effect::Discover`] with
+    /// `groups`): their previous results are kept, and a full discovery follows.
+    pub skipped_groups: Vec<String>,
 }
+
+/// After a discovery that skipped groups (a workspace's first, narrowed to its quotas'
+/// groups), the full one: soon enough for a quota naming another group, late enough not to
+/// compete with the first list and status write it made way for.
+const FULL_AFTER_NARROWED: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Reconciler {
     pub(super) fn on_discovery(
@@ -44,9 +52,13 @@ impl Reconciler {
             member.unavailable_groups = discovered.failed_groups.iter().cloned().collect();
         }
         let first = !self.engine.resolver.knows(cluster);
-        let changes = self
-            .engine
-            .discovered(cluster, discovered.served, &discovered.failed_groups);
+        let mut kept = discovered.failed_groups.clone();
+        kept.extend(discovered.skipped_groups.iter().cloned());
+        if !discovered.skipped_groups.is_empty() {
+            self.discoveries
+                .incomplete(cluster, now.instant + FULL_AFTER_NARROWED);
+        }
+        let changes = self.engine.discovered(cluster, discovered.served, &kept);
         let mut touched: BTreeSet<GroupResource> = BTreeSet::new();
         for change in changes {
             debug!(?change, "discovery change");

@@ -6,6 +6,8 @@ use std::{sync::Arc, time::Instant};
 use k8s_openapi::api::core::v1::ResourceQuota;
 use lazyquota_quota::Time;
 
+use std::collections::BTreeSet;
+
 use super::{ClusterEvent, Discovered, Failure, QuotaEvent, SharedEvent, SharedKey, StatusWrite};
 use crate::{
     engine::Projected,
@@ -118,7 +120,16 @@ pub enum Effect {
         served: ServedResource,
     },
     /// Run discovery of a cluster; answer with [`Input::Discovered`].
-    Discover(ClusterName),
+    Discover {
+        /// The cluster.
+        cluster: ClusterName,
+        /// Where a server lists its API groups without their resources (kcp's `/apis`) and
+        /// each must be asked for on its own: only these groups (and the core group) are
+        /// asked for, the others reported in [`Discovered::skipped_groups`]. A kcp workspace's
+        /// first discovery asks only for the groups its quotas name (one request instead of
+        /// about twenty on the path to its first status); `None`: every group.
+        groups: Option<BTreeSet<String>>,
+    },
     /// Write a quota's status; answer with [`Input::Written`].
     WriteStatus(StatusWrite),
     /// Read a quota afresh; answer with [`Input::Read`].

@@ -111,7 +111,10 @@ impl Harness {
     fn ready(&mut self, q: ResourceQuota, objects: &[(&str, u64)]) -> Vec<Effect> {
         let discover = self.tick(0);
         assert!(
-            discover.contains(&Effect::Discover(ClusterName::new("c"))),
+            discover.contains(&Effect::Discover {
+                cluster: ClusterName::new("c"),
+                groups: None
+            }),
             "{discover:?}"
         );
         self.feed(Input::Quota(QuotaEvent::RelistStarted));
@@ -126,6 +129,7 @@ impl Harness {
             result: Ok(Discovered {
                 served: vec![crate::resolver::ServedResource::core_for_tests("configmaps")],
                 failed_groups: Vec::new(),
+                skipped_groups: Vec::new(),
             }),
         });
         let id = opened
@@ -160,6 +164,7 @@ impl Harness {
                     crate::resolver::ServedResource::core_for_tests("services"),
                 ],
                 failed_groups: Vec::new(),
+                skipped_groups: Vec::new(),
             }),
         })
     }

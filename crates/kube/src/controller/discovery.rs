@@ -8,6 +8,8 @@
 //! discovery watch in Kubernetes; the controller re-runs this when CustomResourceDefinitions
 //! or APIServices change, and on a slow poll.
 
+use std::collections::BTreeSet;
+
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{APIGroupList, APIResourceList, APIVersions};
 use kube::Client;
@@ -28,7 +30,15 @@ pub use lazyquota_index::reconciler::Discovered;
 /// Aggregated discovery marks a group version whose APIService does not answer as `Stale`
 /// (listed without resources): such a group is reported in `failed_groups`, so that what was
 /// known of it is kept rather than taken as gone.
-pub async fn discover(client: &Client, route: &Route) -> Result<Discovered, kube::Error> {
+///
+/// With `groups`, only those groups (and the core group) are walked one by one; the other
+/// groups a legacy list names are reported in `skipped_groups` (aggregated answers carry every
+/// group's resources at no extra request, so nothing of them is skipped).
+pub async fn discover(
+    client: &Client,
+    route: &Route,
+    groups: Option<&BTreeSet<String>>,
+) -> Result<Discovered, kube::Error> {
     let at = |path: &str| format!("{}{path}", route.prefix());
     // Both at once. Each answer is used as it comes: kcp answers a logical cluster's /api
     // aggregated and its /apis with the legacy group list, so only the groups of the legacy
@@ -37,7 +47,8 @@ pub async fn discover(client: &Client, route: &Route) -> Result<Discovered, kube
         futures::future::join(aggregated(client, &at("/apis")), aggregated(client, &at("/api"))).await;
     let core = or_legacy(client, at("/api"), core).await?;
     let apis = or_legacy(client, at("/apis"), apis).await?;
-    let plan = Plan::new(core, apis).map_err(kube::Error::SerdeError)?;
+    let mut plan = Plan::new(core, apis).map_err(kube::Error::SerdeError)?;
+    let skipped = groups.map(|g| plan.narrow(g)).unwrap_or_default();
     tracing::debug!(
         target: "lazyquota_kube::controller::trace",
         prefix = route.prefix(),
@@ -45,7 +56,9 @@ pub async fn discover(client: &Client, route: &Route) -> Result<Discovered, kube
         "discovery: walking the groups"
     );
     let lists = walk_groups(client, route, &plan.walk).await?;
-    Ok(plan.read(lists))
+    let mut found = plan.read(lists);
+    found.skipped_groups = skipped;
+    Ok(found)
 }
 
 /// What the answers to `/api` and `/apis` leave to do: groups already described (aggregated
@@ -109,6 +122,19 @@ impl Plan {
             plan.walk.insert(0, (String::new(), vec!["/api/v1".to_owned()]));
         }
         Ok(plan)
+    }
+
+    /// Walks only the core group and `groups`; returns the other groups it no longer walks.
+    fn narrow(&mut self, groups: &BTreeSet<String>) -> Vec<String> {
+        let mut skipped = Vec::new();
+        self.walk.retain(|(group, _)| {
+            let keep = group.is_empty() || groups.contains(group);
+            if !keep {
+                skipped.push(group.clone());
+            }
+            keep
+        });
+        skipped
     }
 
     /// What the cluster serves: the aggregated groups, then the walked ones (`lists`: the
@@ -375,6 +401,24 @@ mod tests {
                 ("services".to_owned(), "v1", true),
             ],
             "each core resource once, Services from the legacy list"
+        );
+    }
+
+    #[test]
+    fn a_narrowed_kcp_discovery_walks_the_core_group_and_the_groups_asked_for_only() {
+        let mut plan = Plan::new(answer(KCP_API), answer(KCP_APIS)).unwrap();
+        let skipped = plan.narrow(&BTreeSet::from(["coordination.k8s.io".to_owned()]));
+        assert_eq!(walked(&plan), ["/api/v1", "/apis/coordination.k8s.io/v1"]);
+        assert_eq!(skipped, ["apis.kcp.io"], "named, so what was known of it is kept");
+        let mut none = Plan::new(answer(KCP_API), answer(KCP_APIS)).unwrap();
+        assert_eq!(
+            none.narrow(&BTreeSet::new()),
+            ["coordination.k8s.io", "apis.kcp.io"]
+        );
+        assert_eq!(
+            walked(&none),
+            ["/api/v1"],
+            "core types bound through an APIBinding still read"
         );
     }
 

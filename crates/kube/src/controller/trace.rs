@@ -49,7 +49,7 @@ pub(super) fn effect(effect: &Effect) {
         return;
     }
     match effect {
-        Effect::Discover(cluster) => debug!(%cluster, "discovering"),
+        Effect::Discover { cluster, groups } => debug!(%cluster, ?groups, "discovering"),
         Effect::OpenWatch { id, key, .. } => {
             debug!(id, cluster = %key.cluster, resource = %key.resource_label(), "opening watch");
         }

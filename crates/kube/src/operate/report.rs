@@ -108,7 +108,7 @@ pub async fn usage(
         gates,
         ..Settings::default().plan()
     };
-    let discovered = discover(client, &Route::direct())
+    let discovered = discover(client, &Route::direct(), None)
         .await
         .map_err(Error::Discovery)?;
     let (reconciler, quotas) = load(client, &cluster, namespace, plan, discovered, true, kcp).await?;
@@ -243,7 +243,7 @@ pub async fn explain(
     settings: PlanSettings,
     kcp: bool,
 ) -> Result<Explain, Error> {
-    let discovered = discover(client, &Route::direct())
+    let discovered = discover(client, &Route::direct(), None)
         .await
         .map_err(Error::Discovery)?;
     let served_all: BTreeMap<GroupResource, ServedResource> = discovered

@@ -36,7 +36,7 @@ impl World {
                     };
                     self.at(delay, Ev::ServeFill { input });
                 }
-                Effect::Discover(cluster) => {
+                Effect::Discover { cluster, groups } => {
                     let result = if self.main && self.rng.percent(10) {
                         self.fired("discovery_error");
                         Err("discovery: 503".to_owned())
@@ -51,9 +51,23 @@ impl World {
                         {
                             types.push(served(Res::Widgets));
                         }
+                        // A narrowed discovery (a workspace's first) leaves out the groups
+                        // not asked for and says so.
+                        let mut skipped_groups = Vec::new();
+                        if let Some(groups) = &groups {
+                            types.retain(|t| {
+                                let group = &t.resource.group;
+                                let asked = group.is_empty() || groups.contains(group);
+                                if !asked {
+                                    skipped_groups.push(group.clone());
+                                }
+                                asked
+                            });
+                        }
                         Ok(Discovered {
                             served: types,
                             failed_groups: Vec::new(),
+                            skipped_groups,
                         })
                     };
                     let delay = self.rng.range(2, 50);
