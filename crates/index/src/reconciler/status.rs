@@ -274,16 +274,17 @@ impl Reconciler {
         lowering::hold_until_caught_up(&entry.payload, behind, decision).then_some(settled)
     }
 
-    /// Whether an unscoped quota of the same namespace has had key `name` since longer ago
-    /// than [`lowering::SETTLE_MS`]: then every object of the key's types stored before
-    /// `key`'s quota appeared was either charged to that neighbour by admission — a charge the
-    /// quota watch delivered before this quota, which `recently_charged` holds the key for
-    /// while it is recent — or stored longer ago than the neighbour's settling time, which the
-    /// watches have delivered (the assumption the settling time rests on). So a new quota on a
-    /// type a quiet watch already serves is written at once, as kcp's and KCM's controllers
-    /// write it, instead of after the settling time. Not for a quota computed over every
-    /// namespace (kcp's cluster-scoped quota): its objects are charged to quotas of other
-    /// namespaces too.
+    /// Whether an unscoped quota of the same namespace vouches for key `name`: its
+    /// `status.hard` has the key — so quota admission charges it every object the key counts,
+    /// or refuses the object — and nothing of it (status, spec) has changed for
+    /// [`lowering::SETTLE_MS`]. Then no object the key counts was admitted in that time, and
+    /// every object admitted earlier has reached the watches (the assumption the settling
+    /// time rests on): the key can be computed from them at once. So a new quota on a type a
+    /// quiet watch already serves is written as soon as kcp's and KCM's controllers write it,
+    /// not after the settling time. Admission reads `status.hard`, not `spec.hard`: a key in a
+    /// neighbour's spec but not yet in its status is charged to nobody. Not for a quota
+    /// computed over every namespace (kcp's cluster-scoped quota): its objects are charged to
+    /// quotas of other namespaces too.
     fn vouched(&self, key: &QuotaKey, namespace: &std::sync::Arc<str>, name: &str, now_ms: u64) -> bool {
         if **namespace == *crate::keys::ALL_NAMESPACES {
             return false;
@@ -294,10 +295,14 @@ impl Reconciler {
             .filter(|n| *n != key)
             .filter_map(|n| self.engine.index.get(n))
             .any(|n| {
+                let quiet_since = n.payload.view.1.max(n.payload.spec_ms);
                 n.demand_namespace() == namespace
                     && n.payload.spec.scopes.is_empty()
-                    && n.payload.spec.hard_keys.contains(name)
-                    && n.payload.spec_ms.saturating_add(lowering::SETTLE_MS) <= now_ms
+                    && n.payload
+                        .status_hard
+                        .as_ref()
+                        .is_some_and(|h| h.contains_key(name))
+                    && quiet_since.saturating_add(lowering::SETTLE_MS) <= now_ms
             })
     }
 

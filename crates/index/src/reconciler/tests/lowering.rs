@@ -226,28 +226,44 @@ fn a_new_key_is_held_only_by_a_recent_charge_of_its_own_objects() {
 }
 
 #[test]
-fn a_new_quota_on_a_quiet_watched_type_is_written_at_once_when_a_settled_unscoped_neighbour_has_its_key() {
+fn a_new_quota_on_a_quiet_watched_type_is_written_at_once_when_a_quiet_unscoped_neighbour_has_its_key() {
     // The kcp benchmark's "watched" case: a workspace's standing quota counts a type whose
     // watch is quiet; a second quota on that type was held for the whole settling time. A
-    // neighbour that has had the key for longer than the settling time vouches for it;
-    // one still settling, or one with scopes (admission charges it only some objects), not.
-    for (neighbour, at_once) in [("settled", true), ("settling", false), ("scoped", false)] {
+    // neighbour whose status.hard has the key and that has not changed for the settling time
+    // vouches for it (admission charged it every such object, and none came); one whose spec
+    // changed or that moved on lately, one with scopes (charged only some objects) or one
+    // whose status.hard lacks the key (charged nothing for it) does not.
+    for (neighbour, at_once) in [
+        ("quiet", true),
+        ("spec changed", false),
+        ("moved on", false),
+        ("scoped", false),
+        ("key not in status.hard", false),
+    ] {
         let (mut h, w) = written_at_20();
+        let mut q = written(&w, 25);
         match neighbour {
-            "settled" => {}
-            "settling" => {
-                // The neighbour's key is new: its spec changed a moment ago.
-                let mut q = written(&w, 25);
+            "quiet" => {}
+            "spec changed" => {
+                h.tick(crate::lowering::SETTLE_MS);
                 q.spec.as_mut().expect("spec").hard = Some(list(&[(CM, "11")]));
                 h.feed(Input::Quota(QuotaEvent::Applied(q)));
             }
-            _ => {
-                let mut q = written(&w, 25);
+            "moved on" => {
+                // An annotation edited, a charge of another key, a write: a new version.
+                h.tick(crate::lowering::SETTLE_MS);
+                h.feed(Input::Quota(QuotaEvent::Applied(q)));
+            }
+            "scoped" => {
                 q.spec.as_mut().expect("spec").scopes = Some(vec!["BestEffort".into()]);
                 h.feed(Input::Quota(QuotaEvent::Applied(q)));
             }
+            _ => {
+                q.status.as_mut().expect("status").hard = Some(BTreeMap::new());
+                h.feed(Input::Quota(QuotaEvent::Applied(q)));
+            }
         }
-        if neighbour != "settling" {
+        if !matches!(neighbour, "spec changed" | "moved on") {
             h.tick(crate::lowering::SETTLE_MS);
         }
         let mut second = quota(30, &[(CM, "7")], None);
