@@ -338,17 +338,32 @@ pub fn kubectl_apply(cp: &ControlPlane, yaml: &str) -> std::process::Output {
     child.wait_with_output().expect("kubectl finished")
 }
 
-/// Creates an empty ConfigMap `name` in the test namespace.
+/// Creates an empty ConfigMap `name` in the test namespace. A create that quota admission
+/// refuses with a conflict on a ResourceQuota (the quota's status changed under admission's
+/// charge more often than admission retries, e.g. while the controller writes it) is tried
+/// again, as a client would, at most 5 times.
 pub async fn create_configmap(ns: &lazyquota_testenv::TestNamespace, name: &str) {
     use k8s_openapi::api::core::v1::ConfigMap;
     let cm = ConfigMap {
         metadata: meta(name),
         ..ConfigMap::default()
     };
-    ns.api::<ConfigMap>()
-        .create(&PostParams::default(), &cm)
-        .await
-        .expect("create configmap");
+    for attempt in 1..=5 {
+        match ns.api::<ConfigMap>().create(&PostParams::default(), &cm).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(status))
+                if status.code == 409
+                    && status
+                        .details
+                        .as_ref()
+                        .is_some_and(|d| d.kind == "resourcequotas")
+                    && attempt < 5 =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("create configmap {name}: {e}"),
+        }
+    }
 }
 
 fn meta(name: &str) -> ObjectMeta {
