@@ -44,6 +44,13 @@ struct Slot {
 }
 
 impl Slot {
+    /// Asks for a run at `at`, in order, keeping at most one more than an API change asks for.
+    fn retry_at(&mut self, at: Instant) {
+        let i = self.retries.partition_point(|r| *r < at);
+        self.retries.insert(i, at);
+        self.retries.truncate(AFTER_CHANGE_MS.len() + 1);
+    }
+
     fn due(&self) -> Instant {
         self.retries
             .first()
@@ -122,9 +129,7 @@ impl Discoveries {
     pub fn incomplete(&mut self, cluster: &ClusterName, at: Instant) {
         self.update(cluster, |slot| {
             slot.known = false;
-            let i = slot.retries.partition_point(|r| *r < at);
-            slot.retries.insert(i, at);
-            slot.retries.truncate(AFTER_CHANGE_MS.len() + 1);
+            slot.retry_at(at);
         });
     }
 
@@ -206,10 +211,7 @@ impl Discoveries {
         } else if !slot.known {
             // Until a first discovery succeeds nothing is written: try again soon.
             slot.failures = slot.failures.saturating_add(1);
-            let retry = now + doubling(FIRST_RETRY, slot.failures, poll);
-            let at = slot.retries.partition_point(|r| *r < retry);
-            slot.retries.insert(at, retry);
-            slot.retries.truncate(AFTER_CHANGE_MS.len() + 1);
+            slot.retry_at(now + doubling(FIRST_RETRY, slot.failures, poll));
         }
         self.due.insert((slot.due(), cluster.clone()));
     }

@@ -190,9 +190,7 @@ impl Controller {
             if wakeup.is_some_and(|at| at <= Instant::now()) {
                 // Due already (a quota an input queued, a discovery of a cluster just engaged):
                 // at once, not at the timer's next millisecond tick.
-                let started = Instant::now();
-                self.reconciler.tick(at_now());
-                self.carry_out(started);
+                self.tick();
                 wakeup = self.reconciler.next_wakeup(Instant::now());
             }
             tokio::select! {
@@ -217,11 +215,7 @@ impl Controller {
                 }
                 Some(changed) = api_changes.next() => self.feed(Input::ApiChanged(changed)),
                 Some(answer) = self.answers.next(), if !self.answers.is_empty() => self.feed(answer),
-                () = sleep_until(wakeup), if wakeup.is_some() => {
-                    let started = Instant::now();
-                    self.reconciler.tick(at_now());
-                    self.carry_out(started);
-                }
+                () = sleep_until(wakeup), if wakeup.is_some() => self.tick(),
                 Some(()) = self.events.next(), if !self.events.is_empty() => {}
                 Some(request) = self.requests.recv() => match request {
                     snapshot::Request::Snapshot(reply) => {
@@ -270,6 +264,13 @@ impl Controller {
             );
         }
         outcome
+    }
+
+    /// Lets the reconciler do what is due and carries out what it decided.
+    fn tick(&mut self) {
+        let started = Instant::now();
+        self.reconciler.tick(at_now());
+        self.carry_out(started);
     }
 
     /// Hands one input to the reconciler and carries out what it decided.

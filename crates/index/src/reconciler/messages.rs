@@ -1,12 +1,10 @@
 //! What goes into the reconciler and what comes out: [`Input`]s the executor feeds it,
 //! [`Effect`]s it returns, and the time each input comes with.
 
-use std::{sync::Arc, time::Instant};
+use std::{collections::BTreeSet, sync::Arc, time::Instant};
 
 use k8s_openapi::api::core::v1::ResourceQuota;
 use lazyquota_quota::Time;
-
-use std::collections::BTreeSet;
 
 use super::{ClusterEvent, Discovered, Failure, QuotaEvent, SharedEvent, SharedKey, StatusWrite};
 use crate::{

@@ -49,11 +49,9 @@ pub async fn discover(
     let apis = or_legacy(client, at("/apis"), apis).await?;
     let mut plan = Plan::new(core, apis).map_err(kube::Error::SerdeError)?;
     let skipped = groups.map(|g| plan.narrow(g)).unwrap_or_default();
-    tracing::debug!(
-        target: "lazyquota_kube::controller::trace",
-        prefix = route.prefix(),
-        group_versions = plan.walk.iter().map(|(_, paths)| paths.len()).sum::<usize>(),
-        "discovery: walking the groups"
+    super::trace::walking(
+        route.prefix(),
+        plan.walk.iter().map(|(_, paths)| paths.len()).sum(),
     );
     let lists = walk_groups(client, route, &plan.walk).await?;
     let mut found = plan.read(lists);

@@ -5,7 +5,7 @@
 
 use lazyquota_index::{
     fanout::WatchItem,
-    reconciler::{Effect, Input, QuotaEvent},
+    reconciler::{CLUSTER_ANNOTATION, Effect, Input, QuotaEvent},
 };
 use tracing::debug;
 
@@ -21,7 +21,7 @@ pub(super) fn input(input: &Input) {
                 .metadata
                 .annotations
                 .as_ref()
-                .and_then(|a| a.get("kcp.io/cluster"))
+                .and_then(|a| a.get(CLUSTER_ANNOTATION))
                 .map_or("", String::as_str),
             uid = q.metadata.uid.as_deref().unwrap_or_default(),
             "quota seen"
@@ -57,4 +57,9 @@ pub(super) fn effect(effect: &Effect) {
         Effect::WriteStatus(write) => debug!(key = %write.key, "writing status"),
         _ => {}
     }
+}
+
+/// A discovery's group walk starting (after `/api` and `/apis` answered), under `prefix`.
+pub(super) fn walking(prefix: &str, group_versions: usize) {
+    debug!(prefix, group_versions, "discovery: walking the groups");
 }
