@@ -119,11 +119,15 @@ pub(crate) async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
         if !standing.is_empty() {
             res.first_sync.insert((s, Config::KcpQuota), first);
         }
-        if !args.latency_only {
-            let reading = settle(&mut shard, None, args, args.settle).await;
-            eprintln!("kcp: B={b} {}: {reading:?}", Config::KcpQuota.name());
-            res.readings.insert((s, Config::KcpQuota), reading);
-        }
+        read(
+            &mut shard,
+            None,
+            args,
+            args.settle,
+            (s, b, Config::KcpQuota),
+            &mut res,
+        )
+        .await;
         if s > 0 {
             let samples = sample(&shard, &clusters, &targets, args.objects, None).await;
             res.latency.insert((s, Config::KcpQuota), samples);
@@ -137,11 +141,15 @@ pub(crate) async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
         // The same writes as in 1 and 3 (kcp's quota admission keeps per-workspace state for
         // every workspace written to since the start): status.used to 0 for lazyquota's first sync.
         reset_status(&shard, &clusters, &standing, args.concurrency).await;
-        if !args.latency_only {
-            let reading = settle(&mut shard, None, args, args.settle).await;
-            eprintln!("kcp: B={b} {}: {reading:?}", Config::KcpOnly.name());
-            res.readings.insert((s, Config::KcpOnly), reading);
-        }
+        read(
+            &mut shard,
+            None,
+            args,
+            args.settle,
+            (s, b, Config::KcpOnly),
+            &mut res,
+        )
+        .await;
 
         // 3: lazyquota on the shard (kcp's quota controller still off, nothing wrote since).
         let mut lq = Lazyquota::start(&shard, dir, bin, &format!("b{b}"), args.shared_threshold, None);
@@ -163,11 +171,16 @@ pub(crate) async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
             close(e, quota_count)
         })
         .await;
-        if !args.latency_only {
-            let reading = settle(&mut shard, Some(&mut lq), args, args.lq_settle.max(args.settle)).await;
-            eprintln!("kcp: B={b} {}: {reading:?}", Config::Lazyquota.name());
-            res.readings.insert((s, Config::Lazyquota), reading);
-        }
+        let fixed = args.lq_settle.max(args.settle);
+        read(
+            &mut shard,
+            Some(&mut lq),
+            args,
+            fixed,
+            (s, b, Config::Lazyquota),
+            &mut res,
+        )
+        .await;
         if s > 0 {
             let samples = sample(&shard, &clusters, &targets, args.objects, Some(&mut lq)).await;
             res.latency.insert((s, Config::Lazyquota), samples);
@@ -216,6 +229,24 @@ pub(crate) async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
         res.done = s == last;
         write_results(args, &plan, &res, started);
     }
+}
+
+/// Reads configuration `config` at step `s` (B = `b`) into the results, unless the run only
+/// samples latencies.
+async fn read(
+    shard: &mut Shard,
+    lq: Option<&mut Lazyquota>,
+    args: &Args,
+    fixed: Duration,
+    (s, b, config): (usize, usize, Config),
+    res: &mut Results,
+) {
+    if args.latency_only {
+        return;
+    }
+    let reading = settle(shard, lq, args, fixed).await;
+    eprintln!("kcp: B={b} {}: {reading:?}", config.name());
+    res.readings.insert((s, config), reading);
 }
 
 /// The exact-heap series, at the last step once the standing quotas are gone: a new lazyquota
