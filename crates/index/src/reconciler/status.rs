@@ -259,51 +259,17 @@ impl Reconciler {
             })
         };
         // Otherwise only the watches of a key's own objects can hold it back (a new key of
-        // another type is not kept waiting for a quiet watch it does not read), and not even
-        // those when a neighbour vouches for the key.
+        // another type is not kept waiting for a quiet watch it does not read).
         let behind = |name: &str| {
             let own = sources.of(name);
             let resources = own.as_deref().unwrap_or(&every);
             recently_charged(resources)
-                || !(self.vouched(key, entry.demand_namespace(), name, now_ms)
-                    || self
-                        .watches
-                        .feeding(key, all, resources)
-                        .all(|w| w.observed >= rv || self.opened.get(&w.id).is_some_and(|at| *at >= changed)))
+                || !self
+                    .watches
+                    .feeding(key, all, resources)
+                    .all(|w| w.observed >= rv || self.opened.get(&w.id).is_some_and(|at| *at >= changed))
         };
         lowering::hold_until_caught_up(&entry.payload, behind, decision).then_some(settled)
-    }
-
-    /// Whether an unscoped quota of the same namespace vouches for key `name`: its
-    /// `status.hard` has the key — so quota admission charges it every object the key counts,
-    /// or refuses the object — and nothing of it (status, spec) has changed for
-    /// [`lowering::SETTLE_MS`]. Then no object the key counts was admitted in that time, and
-    /// every object admitted earlier has reached the watches (the assumption the settling
-    /// time rests on): the key can be computed from them at once. So a new quota on a type a
-    /// quiet watch already serves is written as soon as kcp's and KCM's controllers write it,
-    /// not after the settling time. Admission reads `status.hard`, not `spec.hard`: a key in a
-    /// neighbour's spec but not yet in its status is charged to nobody. Not for a quota
-    /// computed over every namespace (kcp's cluster-scoped quota): its objects are charged to
-    /// quotas of other namespaces too.
-    fn vouched(&self, key: &QuotaKey, namespace: &std::sync::Arc<str>, name: &str, now_ms: u64) -> bool {
-        if **namespace == *crate::keys::ALL_NAMESPACES {
-            return false;
-        }
-        self.engine
-            .index
-            .in_namespace(&key.cluster, &key.namespace)
-            .filter(|n| *n != key)
-            .filter_map(|n| self.engine.index.get(n))
-            .any(|n| {
-                let quiet_since = n.payload.view.1.max(n.payload.spec_ms);
-                n.demand_namespace() == namespace
-                    && n.payload.spec.scopes.is_empty()
-                    && n.payload
-                        .status_hard
-                        .as_ref()
-                        .is_some_and(|h| h.contains_key(name))
-                    && quiet_since.saturating_add(lowering::SETTLE_MS) <= now_ms
-            })
     }
 
     /// Whether a resource the quota needs is still on its first list (not failing, opened less
