@@ -191,14 +191,14 @@ pub fn hold_lowering(
     Some(held)
 }
 
-/// Leaves out of `decision` each key added back to `spec.hard` whose stored value nobody
-/// maintained meanwhile ([`QuotaState::fresh`]) and that was not computed this time
-/// (`uncomputed`): upstream copies such a value as the previous one, which can be below
-/// the objects created while the key was gone. Left out, admission refuses what would charge
-/// it until it is computed (closed, not open). Returns whether a key was left out.
+/// Leaves out of `decision` each key that was not computed this time (`uncomputed`) and whose
+/// stored value admission did not maintain ([`QuotaState::maintained`]: its key is not in
+/// `status.hard`): upstream copies such a value as the previous one, which can be below the
+/// objects created meanwhile. Left out, admission refuses what would charge it until it is
+/// computed (closed, not open). Returns whether a key was left out.
 pub fn drop_unmaintained(state: &QuotaState, uncomputed: &[String], decision: &mut StatusDecision) -> bool {
     let mut dropped = false;
-    for key in state.fresh.iter().filter(|k| uncomputed.contains(*k)) {
+    for key in uncomputed.iter().filter(|k| !state.maintained(k)) {
         dropped |= decision.used.remove(key).is_some();
     }
     if dropped {
@@ -212,8 +212,9 @@ pub fn drop_unmaintained(state: &QuotaState, uncomputed: &[String], decision: &m
 /// Until the watches a quota is computed from have caught up with its resourceVersion (each
 /// delivered an object at or past it, or listed after lazyquota saw it), a key is written
 /// neither lower than stored nor for the first time: an object stored before — uncharged if
-/// it was admitted before the key existed — may still be on its way. The caller applies this
-/// for [`SETTLE_MS`] after the quota was created or its keys changed.
+/// it was admitted before admission charged the key — may still be on its way. A raise is
+/// written: it only brings the stored value closer to the objects that exist. The caller applies this for
+/// [`SETTLE_MS`] after the quota was created, its keys changed or `status.hard` gained one.
 /// Keeps each such key (`behind`: those whose own watches have not caught up) at its stored
 /// value, or leaves a new one out (admission refuses what would charge it: closed, not
 /// open). Returns whether a key was held; clears `dirty` when nothing is left to write.
@@ -226,11 +227,8 @@ pub fn hold_until_caught_up(
     let mut held = false;
     let mut new = Vec::new();
     for (key, ours) in decision.used.iter_mut().filter(|(k, _)| behind(k)) {
-        // A key added back to `spec.hard` is new too: its stored value is nobody's.
-        match stored
-            .and_then(|s| s.get(key))
-            .filter(|_| !state.fresh.contains(key))
-        {
+        // A key admission did not charge is new too: its stored value is nobody's.
+        match stored.and_then(|s| s.get(key)).filter(|_| state.maintained(key)) {
             None => new.push(key.clone()),
             Some(theirs) => match (Quantity::parse_k8s(ours), Quantity::parse_k8s(theirs)) {
                 (Ok(o), Ok(t)) if o < t => {
@@ -373,6 +371,48 @@ mod tests {
             None
         );
         assert_eq!(d.used[CM].0, "24");
+    }
+
+    /// `state` with `pods` in `spec.hard` and `status.used` but not in `status.hard`: a value
+    /// someone else wrote, which admission (charging by `status.hard`) never kept up.
+    fn pods_not_enforced(used: &[(&str, &str)]) -> QuotaState {
+        let mut state = state(used, &[]);
+        state.status_hard = Some(list(&[(CM, "30")]));
+        state
+    }
+
+    #[test]
+    fn a_stored_value_whose_key_admission_does_not_enforce_is_never_copied() {
+        let state = pods_not_enforced(&[(CM, "4"), ("pods", "1")]);
+        assert!(state.maintained(CM) && !state.maintained("pods"));
+        // Not computed (its watch is not synced): upstream would copy the stored 1.
+        let mut d = decision(&[(CM, "4"), ("pods", "1")]);
+        assert!(drop_unmaintained(&state, &["pods".to_owned()], &mut d));
+        assert_eq!(
+            d.used.keys().collect::<Vec<_>>(),
+            vec![CM],
+            "pods left out: closed, not open"
+        );
+        assert!(d.dirty);
+        // A key admission enforces keeps its stored value when not computed.
+        let mut d = decision(&[(CM, "4"), ("pods", "1")]);
+        assert!(!drop_unmaintained(&state, &[CM.to_owned()], &mut d));
+        assert_eq!(d.used[CM].0, "4");
+    }
+
+    #[test]
+    fn behind_the_quota_a_key_admission_does_not_enforce_is_new_and_left_out() {
+        // Both keys' watches are behind the quota: the enforced key is not written lower
+        // than stored, the other is left out as a new key would be, whatever is stored.
+        let state = pods_not_enforced(&[(CM, "4"), ("pods", "9")]);
+        let mut d = decision(&[(CM, "3"), ("pods", "2")]);
+        assert!(hold_until_caught_up(&state, |_| true, &mut d));
+        assert_eq!(d.used[CM].0, "4", "not lower than stored");
+        assert!(!d.used.contains_key("pods"), "its stored 9 is nobody's");
+        // A raise of an enforced key is written while behind: it only comes closer.
+        let mut d = decision(&[(CM, "6")]);
+        assert!(!hold_until_caught_up(&state, |k| k == CM, &mut d));
+        assert_eq!(d.used[CM].0, "6");
     }
 
     #[test]

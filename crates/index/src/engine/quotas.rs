@@ -35,18 +35,13 @@ pub struct QuotaState {
     /// The resourceVersion the quota is at and when (the caller's milliseconds) lazyquota saw
     /// it first ([`crate::lowering::hold_until_caught_up`]).
     pub view: (u64, u64),
-    /// When (the caller's milliseconds) the quota was first seen or its spec last changed
-    /// (`hard` keys or values, scopes): for [`crate::lowering::SETTLE_MS`] after, objects
-    /// admitted before a key existed, or outside the quota's old scope (uncharged), may still
-    /// be on their way, so no key is written lower or for the first time until the watches
+    /// When (the caller's milliseconds) the quota was first seen, its spec last changed
+    /// (`hard` keys or values, scopes) or its `status.hard` last gained a key: for
+    /// [`crate::lowering::SETTLE_MS`] after, objects admitted before admission charged a key
+    /// (it charges by `status.hard`), or outside the quota's old scope, may still be on their
+    /// way, so no key is written lower, or for the first time, until the watches
     /// have caught up with the quota's version.
     pub spec_ms: u64,
-    /// Keys added to `spec.hard` since lazyquota last saw them there while `status.used`
-    /// still has a value for them: nobody maintained that value meanwhile (admission charges
-    /// only keys in `spec.hard`), so until lazyquota writes a computed value it is never
-    /// copied as the key's previous value ([`crate::lowering::drop_unmaintained`]). Empty
-    /// (no allocation) on a quota whose keys do not come back.
-    pub fresh: Vec<String>,
 }
 
 impl QuotaState {
@@ -83,7 +78,6 @@ impl QuotaState {
             charges: Vec::new(),
             view: (0, 0),
             spec_ms: 0,
-            fresh: Vec::new(),
         };
         (policy, state)
     }
@@ -98,30 +92,36 @@ impl QuotaState {
     }
 
     /// Carries what is kept across events from `old`, the state this one replaces: recent
-    /// charges, the view, and the keys added back to `spec.hard` ([`QuotaState::fresh`]).
+    /// charges, the view, and when its spec settled.
     fn carry_from(&mut self, old: &QuotaState) {
         self.charges.clone_from(&old.charges);
         self.view = old.view;
         self.spec_ms = old.spec_ms;
-        let used = self.status_used.as_ref();
-        let before = &old.spec.hard_keys;
-        let mut fresh: Vec<String> = old
-            .fresh
-            .iter()
-            .filter(|k| self.spec.hard_keys.contains(*k))
-            .cloned()
-            .collect();
-        for key in &self.spec.hard_keys {
-            if !before.contains(key) && used.is_some_and(|u| u.contains_key(key)) && !fresh.contains(key) {
-                fresh.push(key.clone());
-            }
-        }
-        self.fresh = fresh;
+    }
+
+    /// Whether the stored `status.used` value of `key` is one quota admission has kept up:
+    /// admission charges (and refuses) by the keys of `status.hard`, not `spec.hard`, so a
+    /// value under a key that `status.hard` lacks was maintained by nobody (a key written
+    /// by another hand) and may be below the objects created meanwhile. A value whose key is
+    /// in `status.hard` was written together with it and charged for every create since.
+    pub fn maintained(&self, key: &str) -> bool {
+        self.status_hard.as_ref().is_some_and(|h| h.contains_key(key))
+    }
+
+    /// Whether `status.hard` has a key `old` lacked: from then on admission charges the key,
+    /// and objects admitted before — uncharged — may still be on their way to the watches
+    /// ([`QuotaState::spec_ms`] starts again).
+    pub fn hard_gained(
+        old: Option<&BTreeMap<String, K8sQuantity>>,
+        new: Option<&BTreeMap<String, K8sQuantity>>,
+    ) -> bool {
+        new.is_some_and(|n| n.keys().any(|k| old.is_none_or(|o| !o.contains_key(k))))
     }
 }
 
 /// What applying a quota did.
 #[derive(Debug)]
+#[allow(clippy::struct_excessive_bools)] // independent answers, each read once by the caller
 pub struct QuotaUpdate {
     /// Demand changes to turn into watch starts and stops.
     pub changes: Vec<DemandChange>,
@@ -134,6 +134,9 @@ pub struct QuotaUpdate {
     pub recheck: bool,
     /// With `recheck`: what was raised, key by key (hand it to [`Engine::note_charge`]).
     pub raised: Vec<(String, Quantity)>,
+    /// Whether the quota is new, its spec changed or its `status.hard` gained a key: objects
+    /// admitted uncharged may be on their way (note it with [`Engine::note_spec`]).
+    pub settle: bool,
     /// Problems of the spec, to report (only when `recompute`).
     pub problems: Vec<SpecProblem>,
     /// The quota is another object than the one held under its name (a new uid): forget
@@ -188,6 +191,10 @@ impl Engine {
             }
             None => Vec::new(),
         };
+        let settle = recompute
+            || held.is_some_and(|old| {
+                QuotaState::hard_gained(old.payload.status_hard.as_ref(), state.status_hard.as_ref())
+            });
         let problems = if recompute {
             state.spec.problems.clone()
         } else {
@@ -199,6 +206,7 @@ impl Engine {
             recompute,
             recheck,
             raised,
+            settle,
             problems,
             renewed,
         }
@@ -242,6 +250,7 @@ impl Engine {
                     old.spec.hard_keys != state.spec.hard_keys
                         || !same_quantities(old.spec_hard.as_ref(), state.spec_hard.as_ref())
                         || old.spec.scopes != state.spec.scopes
+                        || QuotaState::hard_gained(old.status_hard.as_ref(), state.status_hard.as_ref())
                 }) {
                     respecified.push(key.clone());
                 }
@@ -278,17 +287,8 @@ impl Engine {
         }
     }
 
-    /// A status write of the quota succeeded with `used`: the keys in it are lazyquota's own
-    /// computation from then on, maintained by admission since ([`QuotaState::fresh`]), even
-    /// when the write's response comes after its own event. Not when a newer version came
-    /// first: a key added back to `spec.hard` meanwhile was not in the write.
-    pub fn written_keys(&mut self, key: &QuotaKey, used: Option<&BTreeMap<String, K8sQuantity>>) {
-        if let Some(state) = self.index.payload_mut(key) {
-            state.fresh.retain(|k| used.is_none_or(|u| !u.contains_key(k)));
-        }
-    }
-
-    /// Notes that the quota was created, or its spec changed, at `now_ms`: see
+    /// Notes that the quota was created, its spec changed or its `status.hard` gained a key,
+    /// at `now_ms`: see
     /// [`QuotaState::spec_ms`].
     pub fn note_spec(&mut self, key: &QuotaKey, now_ms: u64) {
         if let Some(state) = self.index.payload_mut(key) {
@@ -369,9 +369,6 @@ impl Engine {
             let status = written.status.as_ref();
             state.status_hard = status.and_then(|s| s.hard.clone());
             state.status_used = status.and_then(|s| s.used.clone());
-            // A key written (computed) is maintained again; one left out stays fresh.
-            let used = state.status_used.as_ref();
-            state.fresh.retain(|k| used.is_none_or(|u| !u.contains_key(k)));
             state
                 .resource_version
                 .clone_from(&written.metadata.resource_version);
@@ -389,8 +386,8 @@ pub struct Reset {
     pub raised: Vec<(QuotaKey, Vec<(String, Quantity)>)>,
     /// Quotas new or at another resourceVersion than the view held.
     pub moved: Vec<QuotaKey>,
-    /// Quotas new or whose spec changed (`hard` keys or values, scopes); a quota that
-    /// replaces another object of its name counts as new.
+    /// Quotas new, whose spec changed (`hard` keys or values, scopes) or whose `status.hard`
+    /// gained a key; a quota that replaces another object of its name counts as new.
     pub respecified: Vec<QuotaKey>,
     /// Quotas that replace another object of their name (a new uid): what was recorded about
     /// the old one is to be forgotten.

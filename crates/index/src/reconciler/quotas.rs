@@ -234,8 +234,9 @@ impl Reconciler {
             let at = self.ms(now.instant);
             self.engine.note_view(&key, at);
         }
-        if update.recompute {
-            // New, or its spec changed: objects admitted before a key existed may be on their way.
+        if update.settle {
+            // New, its spec changed or status.hard gained a key: objects admitted before
+            // admission charged a key may be on their way.
             let at = self.ms(now.instant);
             self.engine.note_spec(&key, at);
         }

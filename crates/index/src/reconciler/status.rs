@@ -330,24 +330,17 @@ impl Reconciler {
                 } else {
                     precondition.map(str::to_owned)
                 };
-                // The view is the write's own (its precondition, or the write's event came
-                // first), or newer: then keys added back to spec.hard since were not written.
-                let view = self
+                // What admission charged by before this write (its event may have come first).
+                let hard_before = self
                     .engine
                     .index
                     .get(key)
-                    .and_then(|e| e.payload.resource_version.clone());
-                let own_view =
-                    view.as_deref() == precondition.as_deref() || view == written.metadata.resource_version;
+                    .and_then(|e| e.payload.status_hard.clone());
                 let raised = self.engine.record_written(key, precondition.as_deref(), &written);
                 if !raised.is_empty() {
                     // Charges made after the write, behind the newer version already held.
                     let at = self.ms(now.instant);
                     self.engine.note_charge(key, raised, at);
-                }
-                if own_view {
-                    self.engine
-                        .written_keys(key, written.status.as_ref().and_then(|s| s.used.as_ref()));
                 }
                 if self
                     .engine
@@ -360,6 +353,11 @@ impl Reconciler {
                     // this quota) must reach the caches before a key is written lower.
                     let at = self.ms(now.instant);
                     self.engine.note_view(key, at);
+                    let hard_now = written.status.as_ref().and_then(|s| s.hard.as_ref());
+                    if crate::engine::QuotaState::hard_gained(hard_before.as_ref(), hard_now) {
+                        // Admission charges the new keys from this version on only.
+                        self.engine.note_spec(key, at);
+                    }
                 }
                 debug!(quota = %key, resource_version = ?written.metadata.resource_version, "status written");
             }

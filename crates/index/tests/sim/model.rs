@@ -1,5 +1,6 @@
 //! The model apiserver: objects, quotas and one global resourceVersion like etcd's, quota
-//! admission that charges `status.used` before an object is stored, and the truth every
+//! admission that charges `status.used` before an object is stored (by the keys of the quota's
+//! `status.hard`, as upstream's `checkRequest`), and the truth every
 //! invariant is checked against — computed here from the model's own objects, never through
 //! the Engine or its stores.
 
@@ -68,6 +69,10 @@ pub struct Obj {
     pub rv: u64,
     /// The quotas admission charged for it, each with the resourceVersion of the charge.
     pub charged: Vec<(String, u64)>,
+    /// The (quota, key) pairs it counts for that admission did not enforce when it was
+    /// admitted (the key was not in that quota's `status.hard` yet): the one shortfall a
+    /// write that does not lower a key may have ([`Server::truth_at`]).
+    pub unenforced: Vec<(String, &'static str)>,
 }
 
 impl Obj {
@@ -190,10 +195,11 @@ impl Server {
     /// conditioned on resourceVersion `at` and applied now: the objects that exist now and
     /// were stored by `at`, plus those (stored or still in flight, not deleted) whose create
     /// admission had charged to this quota by `at` (the write must not take those charges
-    /// back). An object admitted without a charge to this quota (before it existed, or before
-    /// it had the key) and stored after `at` is not counted: no write conditioned on `at`
-    /// could know of it.
-    pub fn truth_at(&self, namespace: &str, quota: &str, key: &str, at: u64) -> i64 {
+    /// back) for `key`. An object admitted without a charge to this quota (before it existed,
+    /// or before its `status.hard` had the key) and stored after `at` is not counted: no write
+    /// conditioned on `at` could know of it.
+    /// With `enforced_only`, objects admitted while `quota` did not enforce `key` are left out.
+    pub fn truth_at(&self, namespace: &str, quota: &str, key: &str, at: u64, enforced_only: bool) -> i64 {
         let alive = self
             .objects
             .values()
@@ -201,11 +207,13 @@ impl Server {
             .chain(self.deleted.iter().map(|(o, d)| (o, Some(*d))));
         let mut sum = 0;
         for (obj, deleted_at) in alive.chain(self.in_flight.iter().map(|o| (o, None))) {
-            if obj.namespace != namespace {
+            let unenforced = obj.unenforced.iter().any(|(q, k)| q == quota && *k == key);
+            if obj.namespace != namespace || (enforced_only && unenforced) {
                 continue;
             }
             let stored_by_then = obj.rv != 0 && obj.rv <= at;
-            let charged_by_then = obj.charged.iter().any(|(q, rv)| q == quota && *rv <= at);
+            // A charge tells of an object on its way only for the keys it was charged for.
+            let charged_by_then = !unenforced && obj.charged.iter().any(|(q, rv)| q == quota && *rv <= at);
             if deleted_at.is_none() && (stored_by_then || charged_by_then) {
                 sum += obj
                     .charges()
@@ -266,18 +274,32 @@ impl Server {
             .filter(|(ns, _)| *ns == obj.namespace)
             .cloned()
             .collect();
+        // As upstream's admission: a quota constrains and is charged for the keys of its
+        // `status.hard` (what its controller last wrote), not of its `spec.hard`.
+        let status_hard = |q: &Quota, k: &str| q.status_hard.as_ref().and_then(|h| h.get(k)).cloned();
         for key in &quotas {
             let q = &self.quotas[key];
             for (k, by) in &charges {
-                let Some(hard) = q.hard.get(*k) else { continue };
+                let Some(hard) = status_hard(q, k) else { continue };
+                let Some(hard) = milli(&hard) else {
+                    return Err("hard unparseable");
+                };
                 let Some(used) = q.used.as_ref().and_then(|u| u.get(*k)) else {
                     return Err("status unknown");
                 };
                 let Some(used) = milli(used) else {
                     return Err("status unparseable");
                 };
-                if used + by > *hard {
+                if used + by > hard {
                     return Err("exceeded");
+                }
+            }
+        }
+        for key in &quotas {
+            let q = &self.quotas[key];
+            for (k, _) in &charges {
+                if status_hard(q, k).is_none() {
+                    obj.unenforced.push((key.1.clone(), *k));
                 }
             }
         }
@@ -287,7 +309,7 @@ impl Server {
             let q = self.quotas.get_mut(&key).expect("listed");
             let mut any = false;
             for (k, by) in &charges {
-                if q.hard.contains_key(*k) {
+                if status_hard(q, k).is_some() {
                     let used = q.used.as_mut().expect("checked");
                     let now = milli(&used[*k]).expect("checked") + by;
                     used.insert((*k).to_owned(), quantity_string(k, now));

@@ -181,6 +181,7 @@ pub const MIN_STEPS: u64 = 300;
 const LIVENESS_MS: u64 = 120_000;
 const RESYNC: Duration = Duration::from_mins(1);
 
+#[allow(clippy::struct_excessive_bools)] // independent facts about the model's state
 pub struct World {
     rng: Rng,
     now: u64,
@@ -192,6 +193,9 @@ pub struct World {
     watches: BTreeMap<Wid, Watch>,
     next_generation: u64,
     quota_generation: u64,
+    /// Between a 410 on the quota watch and its relist: the watch is down, so changes made
+    /// meanwhile reach lazyquota only through the relist, as on a real server.
+    quota_gap: bool,
     quota_last_at: u64,
     forbidden_until: BTreeMap<Res, u64>,
     /// The phase with tenants and faults ends at this time (and after [`MIN_STEPS`]).
@@ -269,6 +273,7 @@ impl World {
             watches: BTreeMap::new(),
             next_generation: 0,
             quota_generation: 0,
+            quota_gap: false,
             quota_last_at: 0,
             forbidden_until: BTreeMap::new(),
             main_until,

@@ -224,3 +224,56 @@ fn a_new_key_is_held_only_by_a_recent_charge_of_its_own_objects() {
         );
     }
 }
+
+#[test]
+fn a_key_first_enforced_long_after_the_quota_appeared_settles_from_its_first_write() {
+    // Admission charges by status.hard: until the first write puts the key there, creates
+    // are admitted uncharged, and some may reach the watch after the write. Here discovery
+    // takes longer than the settling time, so only the write can start it.
+    let mut h = Harness::new(false);
+    h.tick(0);
+    h.feed(Input::Quota(QuotaEvent::RelistStarted));
+    h.feed(Input::Quota(QuotaEvent::Relisted(quota(5, &[(CM, "10")], None))));
+    h.feed(Input::Quota(QuotaEvent::RelistDone));
+    h.tick(crate::lowering::SETTLE_MS + 100);
+    let opened = h.feed(Input::Discovered {
+        cluster: ClusterName::new("c"),
+        result: Ok(Discovered {
+            served: vec![crate::resolver::ServedResource::core_for_tests("configmaps")],
+            failed_groups: Vec::new(),
+            skipped_groups: Vec::new(),
+        }),
+    });
+    assert!(!opened.is_empty(), "{opened:?}");
+    let id = h.watch_id();
+    h.feed(Input::Watch { id, item: Item::Init });
+    for (name, rv) in [("a", 2), ("b", 3)] {
+        h.feed(Input::Watch {
+            id,
+            item: Item::InitApply(configmap(name, rv)),
+        });
+    }
+    h.feed(Input::Watch {
+        id,
+        item: Item::InitDone,
+    });
+    let effects = h.tick(1);
+    let w = writes(&effects)[0].clone();
+    assert_eq!(w.used, list(&[(CM, "2")]));
+    h.feed(Input::Written {
+        key: key(),
+        precondition: Some("5".into()),
+        result: Ok(written(&w, 20)),
+    });
+    // A delete the watch delivers late: objects stored before 20 may still be on their way.
+    h.feed(Input::Watch {
+        id,
+        item: Item::Delete(configmap("b", 4)),
+    });
+    assert!(
+        writes(&h.tick(1)).is_empty(),
+        "held: the key is enforced from version 20 only"
+    );
+    let effects = h.tick(crate::lowering::SETTLE_MS);
+    assert_eq!(writes(&effects).len(), 1, "lowered once settled: {effects:?}");
+}

@@ -45,6 +45,7 @@ impl World {
             },
             rv: 0,
             charged: Vec::new(),
+            unenforced: Vec::new(),
         };
         let mut obj = obj;
         match self.server.admit(&mut obj) {
@@ -189,6 +190,7 @@ impl World {
                 self.fired("quota_relist");
                 // A 410 on the quota watch: what was not delivered yet is replaced by a relist.
                 self.quota_generation += 1;
+                self.quota_gap = true;
                 self.quota_last_at = self.now;
                 let backoff = self.rng.range(50, 800);
                 self.schedule_quota_relist(backoff);
