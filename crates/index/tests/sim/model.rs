@@ -69,10 +69,11 @@ pub struct Obj {
     pub rv: u64,
     /// The quotas admission charged for it, each with the resourceVersion of the charge.
     pub charged: Vec<(String, u64)>,
-    /// The (quota, key) pairs it counts for that admission did not enforce when it was
-    /// admitted (the key was not in that quota's `status.hard` yet): the one shortfall a
-    /// write that does not lower a key may have ([`Server::truth_at`]).
-    pub unenforced: Vec<(String, &'static str)>,
+    /// The (quota, key) pairs admission charged it for: the quota existed and had the key in
+    /// its `status.hard`. An object missing here for a pair (admitted before the quota, or
+    /// before the key was enforced) is the one shortfall a raise may have
+    /// ([`Server::truth_at`]).
+    pub enforced: Vec<(String, &'static str)>,
 }
 
 impl Obj {
@@ -198,7 +199,7 @@ impl Server {
     /// back) for `key`. An object admitted without a charge to this quota (before it existed,
     /// or before its `status.hard` had the key) and stored after `at` is not counted: no write
     /// conditioned on `at` could know of it.
-    /// With `enforced_only`, objects admitted while `quota` did not enforce `key` are left out.
+    /// With `enforced_only`, only objects admission charged to `quota` for `key` are counted.
     pub fn truth_at(&self, namespace: &str, quota: &str, key: &str, at: u64, enforced_only: bool) -> i64 {
         let alive = self
             .objects
@@ -207,13 +208,13 @@ impl Server {
             .chain(self.deleted.iter().map(|(o, d)| (o, Some(*d))));
         let mut sum = 0;
         for (obj, deleted_at) in alive.chain(self.in_flight.iter().map(|o| (o, None))) {
-            let unenforced = obj.unenforced.iter().any(|(q, k)| q == quota && *k == key);
-            if obj.namespace != namespace || (enforced_only && unenforced) {
+            let enforced = obj.enforced.iter().any(|(q, k)| q == quota && *k == key);
+            if obj.namespace != namespace || (enforced_only && !enforced) {
                 continue;
             }
             let stored_by_then = obj.rv != 0 && obj.rv <= at;
             // A charge tells of an object on its way only for the keys it was charged for.
-            let charged_by_then = !unenforced && obj.charged.iter().any(|(q, rv)| q == quota && *rv <= at);
+            let charged_by_then = enforced && obj.charged.iter().any(|(q, rv)| q == quota && *rv <= at);
             if deleted_at.is_none() && (stored_by_then || charged_by_then) {
                 sum += obj
                     .charges()
@@ -298,8 +299,8 @@ impl Server {
         for key in &quotas {
             let q = &self.quotas[key];
             for (k, _) in &charges {
-                if status_hard(q, k).is_none() {
-                    obj.unenforced.push((key.1.clone(), *k));
+                if status_hard(q, k).is_some() {
+                    obj.enforced.push((key.1.clone(), *k));
                 }
             }
         }

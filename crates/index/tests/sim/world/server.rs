@@ -128,8 +128,9 @@ impl World {
         }
         // Safety: no key written below the objects that exist (and those charged in flight).
         // One shortfall is the server's, not the writer's: objects admitted while the quota did
-        // not enforce the key (not in its status.hard yet: upstream admission neither charges
-        // nor refuses them) and stored after the version the writer's watches have reached. A
+        // not enforce the key (before the quota existed, or before its status.hard had the key:
+        // upstream admission neither charges nor refuses them) and stored after the version the
+        // writer's watches have reached. A
         // raise (or a value kept) may lack them until the watches deliver them; a first value
         // or a lowered one is written only once the watches have caught up with the quota, so
         // it has no such excuse.
@@ -145,7 +146,7 @@ impl World {
                 Some(written) if written >= enforced && raises_or_keeps(written) => shortfalls += 1,
                 Some(written) => {
                     self.violation(format!(
-                        "safety: {key} written {k} = {} ({written} milli) below the truth {truth} milli ({enforced} admitted under enforcement; stored was {stored:?}, precondition {:?})",
+                        "safety: {key} written {k} = {} ({written} milli) below the truth {truth} milli ({enforced} charged for it; stored was {stored:?}, precondition {:?})",
                         v.0, write.precondition
                     ));
                     return;

@@ -45,7 +45,7 @@ impl World {
             },
             rv: 0,
             charged: Vec::new(),
-            unenforced: Vec::new(),
+            enforced: Vec::new(),
         };
         let mut obj = obj;
         match self.server.admit(&mut obj) {
