@@ -104,7 +104,7 @@ impl Reconciler {
             && !active(Mutation::StaleCounts)
             && lowering::drop_unmaintained(&e.payload, &computed.uncomputed, &mut decision)
         {
-            debug!(quota = %key, "a key added back to spec.hard is not computed yet: left out");
+            debug!(quota = %key, "a key admission did not maintain is not computed yet: left out");
         }
         let now_ms = self.ms(now.instant);
         if let Some(held) = self.hold_lowering(&key, &mut decision, now_ms) {
