@@ -59,22 +59,58 @@ pub struct QuotaEntry<T> {
     /// The namespace its demand is for: its own, or [`ALL_NAMESPACES`] if cluster-scoped.
     namespace: Arc<str>,
     /// The resources of the `status.hard` keys' evaluators (replenishment routing).
-    status_resources: BTreeSet<GroupResource>,
+    /// Sorted, in a `Vec` of exactly their number (a B-tree set's first node is several
+    /// hundred bytes; a quota's keys name a few resources).
+    status_resources: Vec<GroupResource>,
     /// What this quota adds to the demand: resource → need.
-    demands: BTreeMap<GroupResource, Need>,
+    demands: Demands,
     /// The caller's parsed quota (spec, status, resourceVersion...).
     pub payload: T,
 }
 
 impl<T> QuotaEntry<T> {
     /// The resources this quota demands and how much of each object it needs.
-    pub fn demands(&self) -> &BTreeMap<GroupResource, Need> {
+    pub fn demands(&self) -> &Demands {
         &self.demands
     }
 
     /// The namespace its keys are computed over: its own, or [`ALL_NAMESPACES`].
     pub fn demand_namespace(&self) -> &Arc<str> {
         &self.namespace
+    }
+}
+
+/// What one quota demands, resource → need, sorted by resource in a `Vec` of exactly its
+/// entries: a quota's keys name a resource or a few, and a B-tree map's first node is several
+/// hundred bytes whatever it holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Demands(Vec<(GroupResource, Need)>);
+
+impl Demands {
+    /// The need for `resource`, if demanded.
+    pub fn get(&self, resource: &GroupResource) -> Option<&Need> {
+        self.0
+            .binary_search_by(|(r, _)| r.cmp(resource))
+            .ok()
+            .map(|i| &self.0[i].1)
+    }
+
+    /// Whether `resource` is demanded.
+    pub fn contains_key(&self, resource: &GroupResource) -> bool {
+        self.get(resource).is_some()
+    }
+
+    /// The resources demanded, sorted.
+    pub fn keys(&self) -> impl Iterator<Item = &GroupResource> {
+        self.0.iter().map(|(r, _)| r)
+    }
+}
+
+impl From<BTreeMap<GroupResource, Need>> for Demands {
+    fn from(map: BTreeMap<GroupResource, Need>) -> Self {
+        let mut entries: Vec<_> = map.into_iter().collect();
+        entries.shrink_to_fit();
+        Self(entries)
     }
 }
 
@@ -128,7 +164,9 @@ pub struct PolicyIndex<T> {
     quotas: HashMap<QuotaKey, QuotaEntry<T>>,
     /// The quotas of each (cluster, namespace): events are routed to a namespace's quotas
     /// without scanning every quota of every namespace.
-    by_namespace: HashMap<ClusterName, HashMap<Arc<str>, BTreeSet<QuotaKey>>>,
+    /// Each namespace's keys sorted in a `Vec` of exactly their number: a namespace usually
+    /// has one quota or a few, and a B-tree set's first node is several hundred bytes.
+    by_namespace: HashMap<ClusterName, HashMap<Arc<str>, Vec<QuotaKey>>>,
     demand: BTreeMap<(ClusterName, GroupResource), BTreeMap<Arc<str>, Refs>>,
 }
 
@@ -152,11 +190,15 @@ impl<T> PolicyIndex<T> {
                 *slot = (*slot).max(need);
             }
         }
-        let status_resources = policy
+        let demands = Demands::from(demands);
+        let mut status_resources: Vec<GroupResource> = policy
             .status_hard
             .iter()
             .flat_map(|k| replenished_by(k, self.gates))
             .collect();
+        status_resources.sort_unstable();
+        status_resources.dedup();
+        status_resources.shrink_to_fit();
         let namespace: Arc<str> = if policy.cluster_scoped {
             Arc::from(ALL_NAMESPACES)
         } else {
@@ -172,16 +214,32 @@ impl<T> PolicyIndex<T> {
             // New, or it became (or stopped being) cluster-scoped: out of the old namespace.
             Some(_) => {
                 changes = self.delete(&key);
-                self.adjust(&key.cluster, &namespace, &BTreeMap::new(), &demands, &mut changes);
+                self.adjust(
+                    &key.cluster,
+                    &namespace,
+                    &Demands::default(),
+                    &demands,
+                    &mut changes,
+                );
             }
-            None => self.adjust(&key.cluster, &namespace, &BTreeMap::new(), &demands, &mut changes),
+            None => self.adjust(
+                &key.cluster,
+                &namespace,
+                &Demands::default(),
+                &demands,
+                &mut changes,
+            ),
         }
-        self.by_namespace
+        let keys = self
+            .by_namespace
             .entry(key.cluster.clone())
             .or_default()
             .entry(namespace.clone())
-            .or_default()
-            .insert(key.clone());
+            .or_default();
+        if let Err(at) = keys.binary_search(&key) {
+            keys.reserve_exact(1);
+            keys.insert(at, key.clone());
+        }
         self.quotas.insert(
             key,
             QuotaEntry {
@@ -202,13 +260,15 @@ impl<T> PolicyIndex<T> {
                 &key.cluster,
                 &old.namespace,
                 &old.demands,
-                &BTreeMap::new(),
+                &Demands::default(),
                 &mut changes,
             );
             if let Some(namespaces) = self.by_namespace.get_mut(&key.cluster)
                 && let Some(keys) = namespaces.get_mut(&*old.namespace)
             {
-                keys.remove(key);
+                if let Ok(at) = keys.binary_search(key) {
+                    keys.remove(at);
+                }
                 if keys.is_empty() {
                     namespaces.remove(&*old.namespace);
                 }
@@ -248,8 +308,8 @@ impl<T> PolicyIndex<T> {
         &mut self,
         cluster: &ClusterName,
         namespace: &Arc<str>,
-        old: &BTreeMap<GroupResource, Need>,
-        new: &BTreeMap<GroupResource, Need>,
+        old: &Demands,
+        new: &Demands,
         changes: &mut Vec<DemandChange>,
     ) {
         let resources: BTreeSet<&GroupResource> = old.keys().chain(new.keys()).collect();

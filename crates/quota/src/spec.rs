@@ -1,8 +1,6 @@
 //! Parsing a `ResourceQuota` spec into what usage calculation needs, reporting every bad
 //! entry separately so the rest keeps working.
 
-use std::collections::{BTreeMap, BTreeSet};
-
 use k8s_openapi::api::core::v1::ResourceQuota;
 
 use crate::quantity::{Quantity, QuantityError};
@@ -58,10 +56,11 @@ pub enum SpecProblem {
 /// The parts of a `ResourceQuota` that usage calculation and status assembly need.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QuotaSpec {
-    /// Every `spec.hard` key (parsed or not): these drive which usages are computed.
-    pub hard_keys: BTreeSet<String>,
-    /// The `spec.hard` values that parsed.
-    pub hard: BTreeMap<String, Quantity>,
+    /// Every `spec.hard` key (parsed or not), sorted: these drive which usages are computed.
+    /// A `Vec` of exactly the keys, not a B-tree: a quota has a handful of keys, and a tree's
+    /// first node is a few hundred bytes whatever it holds. The values are not kept: only
+    /// whether they parse (a [`SpecProblem`]), and `spec.hard` itself is copied verbatim.
+    pub hard_keys: Vec<String>,
     /// `spec.scopes` and `spec.scopeSelector`, in evaluation order, kept even when invalid so
     /// results stay equal to upstream.
     pub scopes: QuotaScopes,
@@ -74,18 +73,15 @@ impl QuotaSpec {
     pub fn from_resource_quota(quota: &ResourceQuota) -> Self {
         let spec = quota.spec.as_ref();
         let mut problems = Vec::new();
-        let mut hard_keys = BTreeSet::new();
-        let mut hard = BTreeMap::new();
-        for (key, value) in spec.and_then(|s| s.hard.as_ref()).into_iter().flatten() {
-            hard_keys.insert(key.clone());
-            match Quantity::parse_k8s(value) {
-                Ok(q) => {
-                    hard.insert(key.clone(), q);
-                }
-                Err(source) => problems.push(SpecProblem::HardQuantity {
+        let hard = spec.and_then(|s| s.hard.as_ref());
+        // A B-tree map's keys: sorted and unique already.
+        let hard_keys: Vec<String> = hard.into_iter().flat_map(|h| h.keys().cloned()).collect();
+        for (key, value) in hard.into_iter().flatten() {
+            if let Err(source) = Quantity::parse_k8s(value) {
+                problems.push(SpecProblem::HardQuantity {
                     key: key.clone(),
                     source,
-                }),
+                });
             }
         }
         let scope_names = spec.and_then(|s| s.scopes.as_deref());
@@ -107,7 +103,6 @@ impl QuotaSpec {
         }
         Self {
             hard_keys,
-            hard,
             scopes,
             problems,
         }

@@ -51,7 +51,7 @@ impl QuotaState {
         let spec = QuotaSpec::from_resource_quota(quota);
         let status = quota.status.as_ref();
         let policy = QuotaPolicy {
-            spec_hard: spec.hard_keys.iter().cloned().collect(),
+            spec_hard: spec.hard_keys.clone(),
             status_hard: status
                 .and_then(|s| s.hard.as_ref())
                 .map(|h| h.keys().cloned().collect())
