@@ -7,18 +7,7 @@ pub(crate) fn ratio(a: usize, b: usize) -> f64 {
     a as f64 / b as f64
 }
 
-/// `1234567` → `1,234,567`.
-pub(crate) fn thousands(n: usize) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
+pub(crate) use crate::support::thousands;
 
 pub(crate) fn bytes(n: usize) -> String {
     format!("{} B ({:.1} MiB)", thousands(n), ratio(n, 1 << 20))

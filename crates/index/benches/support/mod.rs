@@ -79,6 +79,19 @@ pub fn pod(app_requests: [&str; 2], app_limits: [&str; 2], priority_class: &str)
     }
 }
 
+/// `1234567` → `1,234,567`.
+pub fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// A namespaced, quotable served resource.
 pub fn served(resource: GroupResource, kind: &str) -> ServedResource {
     ServedResource {

@@ -13,17 +13,10 @@ fn per_second(n: usize, d: Duration) -> f64 {
     n as f64 / d.as_secs_f64()
 }
 
+/// A rate, rounded, with thousands separators.
 fn thousands(n: f64) -> String {
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // a rounded, positive rate
-    let digits = (n.round() as u64).to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
+    support::thousands(n.round() as usize)
 }
 
 /// Times fixed batches of every case with `Instant` and renders the summary table.
