@@ -213,8 +213,9 @@ pub fn drop_unmaintained(state: &QuotaState, uncomputed: &[String], decision: &m
 /// delivered an object at or past it, or listed after lazyquota saw it), a key is written
 /// neither lower than stored nor for the first time: an object stored before — uncharged if
 /// it was admitted before admission charged the key — may still be on its way. A raise is
-/// written: it only brings the stored value closer to the objects that exist. The caller applies this for
-/// [`SETTLE_MS`] after the quota was created, its keys changed or `status.hard` gained one.
+/// written: it only brings the stored value closer to the objects that exist. The caller
+/// applies this for [`SETTLE_MS`] after the quota was created, its keys changed or
+/// `status.hard` gained one.
 /// Keeps each such key (`behind`: those whose own watches have not caught up) at its stored
 /// value, or leaves a new one out (admission refuses what would charge it: closed, not
 /// open). Returns whether a key was held; clears `dirty` when nothing is left to write.

@@ -330,12 +330,14 @@ impl Reconciler {
                 } else {
                     precondition.map(str::to_owned)
                 };
-                // What admission charged by before this write (its event may have come first).
-                let hard_before = self
-                    .engine
-                    .index
-                    .get(key)
-                    .and_then(|e| e.payload.status_hard.clone());
+                // Whether this write gives admission keys to charge that it lacked before (its
+                // event may have come first: then the event noted it).
+                let gains_hard = self.engine.index.get(key).is_some_and(|e| {
+                    crate::engine::QuotaState::hard_gained(
+                        e.payload.status_hard.as_ref(),
+                        written.status.as_ref().and_then(|s| s.hard.as_ref()),
+                    )
+                });
                 let raised = self.engine.record_written(key, precondition.as_deref(), &written);
                 if !raised.is_empty() {
                     // Charges made after the write, behind the newer version already held.
@@ -353,8 +355,7 @@ impl Reconciler {
                     // this quota) must reach the caches before a key is written lower.
                     let at = self.ms(now.instant);
                     self.engine.note_view(key, at);
-                    let hard_now = written.status.as_ref().and_then(|s| s.hard.as_ref());
-                    if crate::engine::QuotaState::hard_gained(hard_before.as_ref(), hard_now) {
+                    if gains_hard {
                         // Admission charges the new keys from this version on only.
                         self.engine.note_spec(key, at);
                     }
