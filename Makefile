@@ -1,5 +1,5 @@
 # The two set-up commands are `make demo` and `make test`; see README.md.
-.PHONY: demo demo-helm test control-plane node node-stop kcp kcp-start cp-start cp-stop lint parity-matrix
+.PHONY: demo demo-helm test control-plane node node-stop kcp kcp-start kcp-sharded-start cp-start cp-stop lint parity-matrix
 
 CP_DIR ?= $(CURDIR)/.lazyquota/demo
 
@@ -52,6 +52,12 @@ kcp-start: kcp
 	LAZYQUOTA_KCP_DIR=$(CURDIR)/.lazyquota/kcp LAZYQUOTA_KCP_QUOTA=off bash tests/control-plane/kcp/start.sh
 	@echo "lazyquota run --kubeconfig <a copy with current-context shard-base> --kcp-shard-url <URL in .lazyquota/kcp/env>"
 
+## Start a sharded kcp on loopback: a cache server, a root shard and two more, a front-proxy
+## (kcp's quota controller off); stop with make cp-stop. Facts in .lazyquota/kcp-sharded/env.
+kcp-sharded-start: kcp
+	LAZYQUOTA_KCP_DIR=$(CURDIR)/.lazyquota/kcp-sharded LAZYQUOTA_KCP_QUOTA=off bash tests/control-plane/kcp/start-sharded.sh
+	@echo "one lazyquota per shard: lazyquota run --kubeconfig .lazyquota/kcp-sharded/shard-<n>/shard.kubeconfig --kcp-shard-url <its URL in .lazyquota/kcp-sharded/env>"
+
 cp-start: control-plane
 	LAZYQUOTA_CP_DIR=$(CP_DIR) bash tests/control-plane/start.sh
 
@@ -64,6 +70,9 @@ cp-stop:
 	bash tests/control-plane/kcp/stop.sh .lazyquota/testenv-kcp-quota
 	bash tests/control-plane/kcp/stop.sh .lazyquota/testenv-kcp-lazyquota-only
 	bash tests/control-plane/kcp/stop.sh .lazyquota/kcp
+	bash tests/control-plane/kcp/stop.sh .lazyquota/kcp-sharded
+	bash tests/control-plane/kcp/stop.sh .lazyquota/testenv-kcp-sharded-quota
+	bash tests/control-plane/kcp/stop.sh .lazyquota/testenv-kcp-sharded-lazyquota-only
 	bash tests/control-plane/node/stop.sh .lazyquota/node
 	bash tests/control-plane/node/stop.sh .lazyquota/testenv-node
 

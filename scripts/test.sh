@@ -22,7 +22,7 @@ stop_all() {
     bash tests/control-plane/stop.sh ".lazyquota/testenv-$flavour" >/dev/null ||
       echo "warning: stopping the $flavour control plane failed" >&2
   done
-  for flavour in kcp-quota kcp-lazyquota-only; do
+  for flavour in kcp-quota kcp-lazyquota-only kcp-sharded-quota kcp-sharded-lazyquota-only; do
     bash tests/control-plane/kcp/stop.sh ".lazyquota/testenv-$flavour" >/dev/null ||
       echo "warning: stopping the $flavour kcp shard failed" >&2
   done
@@ -44,6 +44,7 @@ rm -rf .lazyquota/testenv-*
 
 phase "format check" cargo fmt --all -- --check
 phase "control plane build" bash tests/control-plane/build.sh >/dev/null
+# kcp, cache-server and kcp-front-proxy (a sharded kcp's), in one go build.
 phase "kcp build" bash tests/control-plane/kcp/build.sh >/dev/null
 phase "kcp e2e quota tests build" bash tests/control-plane/kcp/build.sh quota-e2e >/dev/null
 phase "helm build" bash tests/helm/build.sh >/dev/null

@@ -23,6 +23,7 @@ mod cluster_scoped;
 mod cuts;
 mod events;
 mod shadow;
+mod shards;
 mod sharing;
 
 use std::{collections::BTreeMap, time::Duration};

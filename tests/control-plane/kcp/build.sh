@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Usage: build.sh [kcp|quota-e2e]
+# Usage: build.sh [kcp|cache-server|kcp-front-proxy|quota-e2e]
 #
-#   kcp (default)  kcp's server binary (cmd/kcp, v0.32.3)
+#   kcp (default)  kcp's server binary (cmd/kcp, v0.32.3); the same `go build` also links
+#                  cache-server and kcp-front-proxy, which a sharded kcp needs (start-sharded.sh)
+#   cache-server, kcp-front-proxy
+#                  those two binaries (built with kcp when missing)
 #   quota-e2e      kcp's own e2e quota tests (test/e2e/quota, `go test -c`): run against a
 #                  shard with `--kcp-kubeconfig`, and KCP_REPO_DIR set to any directory (the
 #                  framework looks for kcp's tree at start; with -trimpath it has none)
@@ -18,9 +21,10 @@
 #   ../shared/vendor/kcp/kcp-v0.32.3.tar.gz beside this repository's clone (sha256 checked)
 #
 # Cached in ${LAZYQUOTA_CACHE:-~/.cache/lazyquota}/kcp/<version>_<hash of source and flags>/bin/
-# (kcp, quota-e2e.test); a second run only checks that the binary exists. Prints the binary's
-# path as the last line of stdout. Cold: ~5 min and ~2.3 GB peak RSS on 2 cores for kcp, module
-# downloads included; the e2e tests then reuse most of its compiled packages (Go's build cache).
+# (kcp, cache-server, kcp-front-proxy, quota-e2e.test); a second run only checks that the binary
+# exists. Prints the binary's path as the last line of stdout. Cold: ~5 min and ~2.3 GB peak RSS
+# on 2 cores for kcp, module downloads included; the e2e tests then reuse most of its compiled
+# packages (Go's build cache).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -37,9 +41,9 @@ die() { say "error: $*"; exit 1; }
 
 target=${1:-kcp}
 case $target in
-  kcp) binary=kcp ;;
+  kcp | cache-server | kcp-front-proxy) binary=$target ;;
   quota-e2e) binary=quota-e2e.test ;;
-  *) die "unknown target $target (kcp or quota-e2e)" ;;
+  *) die "unknown target $target (kcp, cache-server, kcp-front-proxy or quota-e2e)" ;;
 esac
 
 command -v go >/dev/null || die "go is not installed (Go >= 1.26 is required to build kcp)"
@@ -86,10 +90,13 @@ start=$SECONDS
 # kcp's go.sum pins their hashes.
 export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local \
   GONOSUMDB=github.com/kcp-dev/kubernetes,github.com/kcp-dev/code-generator,github.com/kcp-dev/embeddedetcd
+servers=(kcp cache-server kcp-front-proxy)
 case $target in
-  kcp)
-    say "building kcp $version (cold: ~5 min and ~2.3 GB peak RSS on 2 cores)"
-    build=(go build -trimpath -ldflags "$ldflags" -o "$work/$binary" ./cmd/kcp) ;;
+  kcp | cache-server | kcp-front-proxy)
+    say "building kcp $version: ${servers[*]} (cold: ~5 min and ~2.3 GB peak RSS on 2 cores)"
+    # One build: the three share almost every package, and `go build -o <dir>/` links each.
+    mkdir -p "$work/out"
+    build=(go build -trimpath -ldflags "$ldflags" -o "$work/out/" "${servers[@]/#/./cmd/}") ;;
   quota-e2e)
     say "building kcp $version's e2e quota tests"
     build=(go test -c -trimpath -vet=off -o "$work/$binary" ./test/e2e/quota) ;;
@@ -101,5 +108,10 @@ fi
 say "built $binary in $((SECONDS - start)) s"
 
 mkdir -p "$cache/bin"
-mv "$work/$binary" "$cache/bin/$binary"
+if [[ $target == quota-e2e ]]; then
+  mv "$work/$binary" "$cache/bin/$binary"
+else
+  # kcp last: its presence is what a later call of the kcp target checks.
+  for server in cache-server kcp-front-proxy kcp; do mv "$work/out/$server" "$cache/bin/$server"; done
+fi
 echo "$cache/bin/$binary"

@@ -10,7 +10,10 @@
 //! Like the Kubernetes control planes, a shard is attached (`LAZYQUOTA_KCP_DIR` /
 //! `LAZYQUOTA_KCP_DIR_QUOTA` name the state directory of one started by start.sh) or started on
 //! first use under `<repo>/.lazyquota/testenv-kcp-<flavour>` (file lock, shared by every test
-//! binary; `make test` stops it at the end).
+//! binary; `make test` stops it at the end). [`sharded`] has kcp as the seed ran it: a root
+//! shard and more, a cache server and a front-proxy.
+
+pub mod sharded;
 
 use std::{collections::BTreeMap, path::PathBuf, process::Command, sync::OnceLock, time::Duration};
 
@@ -198,17 +201,32 @@ impl KcpShard {
 
     /// Creates workspace `name` under `parent` (a path such as `root`) and returns once it is
     /// Ready, with its logical cluster's name.
+    pub async fn create_workspace(&self, parent: &str, name: &str) -> Result<Workspace, Error> {
+        self.create_workspace_on(parent, name, None).await
+    }
+
+    /// [`KcpShard::create_workspace`], placed on the shard named `shard` when one is given
+    /// (`spec.location.selector` on the `name` label kcp gives each Shard): through a sharded
+    /// kcp's front-proxy, kcp's workspace scheduler puts it there.
     ///
     /// # Panics
-    /// Never in practice: the Workspace object built is constant but for its name.
-    pub async fn create_workspace(&self, parent: &str, name: &str) -> Result<Workspace, Error> {
+    /// Never in practice: the Workspace object built is constant but for its names.
+    pub async fn create_workspace_on(
+        &self,
+        parent: &str,
+        name: &str,
+        shard: Option<&str>,
+    ) -> Result<Workspace, Error> {
         let api = Api::<DynamicObject>::all_with(self.user_client(parent).await?, &workspace_resource());
-        let object: DynamicObject = serde_json::from_value(serde_json::json!({
+        let mut object = serde_json::json!({
             "apiVersion": "tenancy.kcp.io/v1alpha1",
             "kind": "Workspace",
             "metadata": {"name": name},
-        }))
-        .expect("a valid Workspace");
+        });
+        if let Some(shard) = shard {
+            object["spec"] = serde_json::json!({"location": {"selector": {"matchLabels": {"name": shard}}}});
+        }
+        let object: DynamicObject = serde_json::from_value(object).expect("a valid Workspace");
         api.create(&PostParams::default(), &object)
             .await
             .map_err(|source| Error::Kube {
@@ -359,6 +377,61 @@ impl KcpShard {
             &format!("creating APIExport {} in {provider}", ty.plural),
         )
         .await
+    }
+
+    /// Updates the export of `ty` in `provider` to a new APIResourceSchema
+    /// (`<version>.<plural>.<group>`, immutable like every schema) that serves `ty`'s version and
+    /// `version`, storing `version` (conversion `None`), and returns the type at `version`. kcp
+    /// moves every binding to it, on every shard.
+    pub async fn update_export(
+        &self,
+        provider: &str,
+        ty: &ExportedType,
+        version: &str,
+    ) -> Result<ExportedType, Error> {
+        let client = self.user_client(provider).await?;
+        let group = if ty.group.is_empty() { "core" } else { &ty.group };
+        let schema_name = format!("{version}.{}.{group}", ty.plural);
+        let schemas = Api::<DynamicObject>::all_with(
+            client.clone(),
+            &apis_resource("v1alpha1", "APIResourceSchema", "apiresourceschemas"),
+        );
+        let served = |name: &str, storage: bool| {
+            serde_json::json!({"name": name, "served": true, "storage": storage,
+                "schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}})
+        };
+        create(
+            &schemas,
+            serde_json::json!({
+                "apiVersion": "apis.kcp.io/v1alpha1", "kind": "APIResourceSchema",
+                "metadata": {"name": schema_name},
+                "spec": {
+                    "group": ty.group, "scope": "Namespaced", "conversion": {"strategy": "None"},
+                    "names": {"kind": ty.kind, "listKind": format!("{}List", ty.kind),
+                              "plural": ty.plural, "singular": ty.kind.to_ascii_lowercase()},
+                    "versions": [served(&ty.version, false), served(version, true)]
+                }
+            }),
+            &format!("creating APIResourceSchema {schema_name} in {provider}"),
+        )
+        .await?;
+        let exports =
+            Api::<DynamicObject>::all_with(client, &apis_resource("v1alpha2", "APIExport", "apiexports"));
+        // A merge patch would replace the whole resources list: read, change, write back.
+        let what = format!("pointing APIExport {} in {provider} at {schema_name}", ty.plural);
+        let mut export = exports.get(&ty.plural).await.map_err(|source| Error::Kube {
+            what: what.clone(),
+            source,
+        })?;
+        export.data["spec"]["resources"][0]["schema"] = serde_json::Value::String(schema_name.clone());
+        exports
+            .replace(&ty.plural, &PostParams::default(), &export)
+            .await
+            .map_err(|source| Error::Kube { what, source })?;
+        Ok(ExportedType {
+            version: version.to_owned(),
+            ..ty.clone()
+        })
     }
 
     /// Binds the workspace at `consumer` to the export of `ty` in `provider` (APIBinding
