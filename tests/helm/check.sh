@@ -91,7 +91,8 @@ check "values-all: every optional object and flag" contains "$work/all.yaml" \
   'apiGroups: ["apps","batch","example.com"]' "- persistentvolumeclaims" '"0.0.0.0:8080"' \
   "- --metrics-auth" '"delegated"' "name: system:auth-delegator" "scheme: HTTPS" \
   "scheme: https" "insecureSkipVerify: true" "bearerTokenFile:" \
-  "secretName: kcp-shard-1" "value: /etc/lazyquota/kcp/kubeconfig" \
+  "secretName: kcp-shard-1" "value: /etc/lazyquota/kcp/kubeconfig" "- --kcp-home-cluster" \
+  "\"2a8mvkes5kbo2uiz\"" \
   "- --quota-usage-metrics" "- --quota-usage-metrics-max-series" '"500"' \
   "alert: LazyquotaQuotaNearlyFull" \
   "expr: lazyquota_quota_usage_ratio >= 0.9" "for: 15m"

@@ -12,6 +12,7 @@
 #   5. helm upgrade with a changed value rolls both pods
 #   6. metrics.auth=delegated: a scraper's token reads /metrics over HTTPS; no token is refused
 #   7. helm uninstall -> no pods, Services, ServiceAccount, RBAC or Lease left
+#   8. node-kcp-test.sh: two releases, one per shard of a sharded kcp
 #
 # Usage: node-test.sh [LAZYQUOTA_BINARY]   (default: deploy/build-stage.sh's output)
 # Every step is bounded in time; the first failing step stops the test with the evidence; the
@@ -220,4 +221,7 @@ say "ok: no Services, ServiceAccount, Deployment or RBAC left"
 # naming a pod that is gone.
 lease_gone() { ! "${kubectl[@]}" -n "$ns" get lease "$release-lazyquota" >/dev/null 2>&1; }
 eventually 30 "no Lease left" lease_gone
+
+step "8. one release per shard of a sharded kcp (node-kcp-test.sh)"
+bash "$here/node-kcp-test.sh" "$helm"
 say "passed"

@@ -116,6 +116,10 @@ The container arguments: the flags of `lazyquota run`.
 - --quota-usage-metrics-max-series
 - {{ int .Values.metrics.quotaUsage.maxSeries | toString | quote }}
 {{- end }}
+{{- if .Values.kcp.shardURL }}
+- --kcp-home-cluster
+- {{ .Values.kcp.homeCluster | quote }}
+{{- end }}
 {{- if .Values.leaderElection.enabled }}
 - --leader-elect
 - --leader-election-namespace
