@@ -21,7 +21,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 helm=${1:?usage: node-kcp-test.sh HELM}
-dir=${LAZYQUOTA_NODE_DIR:?the node flavour's state directory (node-test.sh sets it)}
+dir=${LAZYQUOTA_NODE_DIR:?the state directory of the node flavour (node-test.sh sets it)}
 ns=lazyquota-kcp
 
 say() { printf 'helm-kcp: %s\n' "$*" >&2; }
