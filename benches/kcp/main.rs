@@ -20,7 +20,8 @@
 //!
 //! ```text
 //! cargo bench --bench kcp                               # W=200, E=20, K=5 (≈17 min)
-//! cargo bench --bench kcp -- --quick --out /tmp/kcp     # bounded (CI: `cargo test --workspace --bench kcp -- --quick`)
+//! cargo bench --bench kcp -- --quick --out /tmp/kcp     # bounded, the last step read only
+//!                                                       # (CI: `cargo test --workspace --bench kcp -- --quick`)
 //! cargo bench --bench kcp -- --workspaces 100 --exports 20 --latency-only --out /tmp/kcp-latency
 //!                                                       # the latency samples alone, at the last step
 //! cargo bench --bench kcp -- --workspaces 100 --exports 20 --latency-only --samples 0 --cost-runs 4 \
