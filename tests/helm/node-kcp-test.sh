@@ -24,19 +24,9 @@ helm=${1:?usage: node-kcp-test.sh HELM}
 dir=${LAZYQUOTA_NODE_DIR:?the state directory of the node flavour (node-test.sh sets it)}
 ns=lazyquota-kcp
 
-say() { printf 'helm-kcp: %s\n' "$*" >&2; }
-step() { printf '\n==> helm-kcp: %s\n' "$*" >&2; }
-die() { say "FAIL: $*"; exit 1; }
-eventually() {
-  local limit=$1 what=$2
-  shift 2
-  local start=$SECONDS
-  until "$@" >/dev/null 2>&1; do
-    ((SECONDS - start < limit)) || die "$what (not within ${limit}s)"
-    sleep 1
-  done
-  say "ok: $what ($((SECONDS - start)) s)"
-}
+who=helm-kcp
+# shellcheck source=lib.sh
+source "$here/lib.sh"
 
 # shellcheck source=/dev/null
 source "$dir/env"

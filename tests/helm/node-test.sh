@@ -27,9 +27,9 @@ binary=${1:-}
 release=lq
 ns=lazyquota-system
 
-say() { printf 'helm-node: %s\n' "$*" >&2; }
-step() { printf '\n==> helm-node: %s\n' "$*" >&2; }
-die() { say "FAIL: $*"; exit 1; }
+who=helm-node
+# shellcheck source=lib.sh
+source "$here/lib.sh"
 
 cleanup() {
   local rc=$?
@@ -51,16 +51,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# eventually SECONDS WHAT CMD...: retries CMD every second until it succeeds.
-eventually() {
-  local limit=$1 what=$2; shift 2
-  local start=$SECONDS
-  until "$@" >/dev/null 2>&1; do
-    ((SECONDS - start < limit)) || die "$what (not within ${limit}s)"
-    sleep 1
-  done
-  say "ok: $what ($((SECONDS - start)) s)"
-}
 
 if [[ -z $binary ]]; then
   binary=$(bash "$repo/deploy/build-stage.sh" | tail -n 1)

@@ -208,6 +208,29 @@ async fn shadow_agrees(process: &Lazyquota, clusters: &[&str], agreements: f64) 
     .is_some()
 }
 
+/// `lazyquota usage -o json` on `shard`: the quotas of `clusters` it reports, each checked key
+/// for key — computed, and equal to the stored status (kcp's own controller's, next to shadow
+/// mode).
+fn usage_agrees(shard: &KcpShard, clusters: &[&str]) -> Vec<serde_json::Value> {
+    let out = lazyquota_cli(shard, &["usage", "-o", "json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let usage: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let mine: Vec<serde_json::Value> = usage
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter(|q| clusters.iter().any(|c| q["cluster"] == *c))
+        .cloned()
+        .collect();
+    for q in &mine {
+        for k in q["keys"].as_array().expect("keys") {
+            assert!(k["computed"].is_string(), "{}: computed {k}", q["cluster"]);
+            assert_eq!(k["computed"], k["stored"], "{}: {k}", q["cluster"]);
+        }
+    }
+    mine
+}
+
 async fn delete_workspace(shard: &KcpShard, ws: &Workspace) {
     let (parent, name) = ws.path.rsplit_once(':').expect("a child workspace");
     let api = Api::<DynamicObject>::all_with(

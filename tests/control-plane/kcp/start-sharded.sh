@@ -196,19 +196,9 @@ kubeconfig "$certs/logical-cluster-admin.kubeconfig" "https://127.0.0.1:$(port_o
 kubeconfig "$certs/external-logical-cluster-admin.kubeconfig" "$proxy_url" \
   "$certs/external-logical-cluster-admin" base
 
-# Every controller of kcp v0.32.3 that `--unsupported-run-individual-controllers` names, except
-# "quota" (as start.sh).
-controllers=apibinder,apibinding,apiexport,apiexportendpointslice,apisreplicateclusterrole
-controllers+=,apisreplicateclusterrolebinding,apisreplicatelogicalcluster,cache
-controllers+=,cachedresourcendpointslice,corereplicateclusterrole,corereplicateclusterrolebinding
-controllers+=,defaultapibindinglifecycle,dynamicrestmapper,garbagecollector,partition
-controllers+=,tenancyreplicateclusterrole,tenancyreplicatelogicalcluster
-controllers+=,tenancyreplicationclusterrolebinding,workspace-scheduler
-case $quota in
-  on) quota_args=() ;;
-  off) quota_args=(--run-controllers=false --unsupported-run-individual-controllers="$controllers") ;;
-  *) fail "LAZYQUOTA_KCP_QUOTA must be on or off, not '$quota'" ;;
-esac
+# shellcheck source=quota-args.sh
+source "$here/quota-args.sh"
+quota_args "$quota" || fail "LAZYQUOTA_KCP_QUOTA must be on or off, not '$quota'"
 
 start_shard() { # start_shard N
   local n=$1 name port etcd peer

@@ -64,22 +64,13 @@ free_port port
 free_port etcd_port
 free_port etcd_peer_port
 
-# Every controller of kcp v0.32.3 that `--unsupported-run-individual-controllers` names, except
-# "quota" (pkg/server/server.go); the rest of kcp's controllers always run.
-controllers=apibinder,apibinding,apiexport,apiexportendpointslice,apisreplicateclusterrole
-controllers+=,apisreplicateclusterrolebinding,apisreplicatelogicalcluster,cache
-controllers+=,cachedresourcendpointslice,corereplicateclusterrole,corereplicateclusterrolebinding
-controllers+=,defaultapibindinglifecycle,dynamicrestmapper,garbagecollector,partition
-controllers+=,tenancyreplicateclusterrole,tenancyreplicatelogicalcluster
-controllers+=,tenancyreplicationclusterrolebinding,workspace-scheduler
 args=(start --root-directory "$dir/root" --bind-address=127.0.0.1 --secure-port="$port"
   --external-hostname=127.0.0.1 --embedded-etcd-client-port="$etcd_port"
   --embedded-etcd-peer-port="$etcd_peer_port")
-case $quota in
-  on) ;;
-  off) args+=(--run-controllers=false --unsupported-run-individual-controllers="$controllers") ;;
-  *) fail "LAZYQUOTA_KCP_QUOTA must be on or off, not '$quota'" ;;
-esac
+# shellcheck source=quota-args.sh
+source "$here/quota-args.sh"
+quota_args "$quota" || fail "LAZYQUOTA_KCP_QUOTA must be on or off, not '$quota'"
+args+=("${quota_args[@]}")
 # shellcheck disable=SC2206 # word splitting of the extra flags is the point
 [[ -n ${LAZYQUOTA_KCP_ARGS:-} ]] && args+=($LAZYQUOTA_KCP_ARGS)
 

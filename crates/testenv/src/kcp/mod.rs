@@ -23,7 +23,7 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
 };
 
-use crate::{Error, eventually, lock_state, read_facts, repo_root};
+use crate::{Error, eventually, lock_state, read_facts, start::run_script};
 
 /// The annotation kcp puts on every object it returns: its logical cluster's name.
 pub const CLUSTER_ANNOTATION: &str = "kcp.io/cluster";
@@ -336,34 +336,57 @@ async fn create(api: &Api<DynamicObject>, object: serde_json::Value, what: &str)
     }
 }
 
+/// Creates the APIResourceSchema of `ty` in `provider`, serving `versions` and storing the last
+/// (conversion `None` when there are several), named `<last version>.<plural>.<group>`; returns
+/// its name. Schemas are immutable: a new one is how an export changes.
+async fn create_schema(
+    client: &Client,
+    provider: &str,
+    ty: &ExportedType,
+    versions: &[&str],
+) -> Result<String, Error> {
+    let storage = versions.last().copied().unwrap_or(&ty.version);
+    // The core group is named `core` in schema names, as kcp names it.
+    let group = if ty.group.is_empty() { "core" } else { &ty.group };
+    let schema_name = format!("{storage}.{}.{group}", ty.plural);
+    let schemas = Api::<DynamicObject>::all_with(
+        client.clone(),
+        &apis_resource("v1alpha1", "APIResourceSchema", "apiresourceschemas"),
+    );
+    let versions: Vec<serde_json::Value> = versions
+        .iter()
+        .map(|v| {
+            serde_json::json!({"name": v, "served": true, "storage": *v == storage,
+                "schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}})
+        })
+        .collect();
+    let mut spec = serde_json::json!({
+        "group": ty.group, "scope": "Namespaced",
+        "names": {"kind": ty.kind, "listKind": format!("{}List", ty.kind),
+                  "plural": ty.plural, "singular": ty.kind.to_ascii_lowercase()},
+    });
+    if versions.len() > 1 {
+        spec["conversion"] = serde_json::json!({"strategy": "None"});
+    }
+    spec["versions"] = serde_json::Value::Array(versions);
+    create(
+        &schemas,
+        serde_json::json!({
+            "apiVersion": "apis.kcp.io/v1alpha1", "kind": "APIResourceSchema",
+            "metadata": {"name": schema_name}, "spec": spec,
+        }),
+        &format!("creating APIResourceSchema {schema_name} in {provider}"),
+    )
+    .await?;
+    Ok(schema_name)
+}
+
 impl KcpShard {
     /// Exports `ty` from the workspace at `provider` (a path): its APIResourceSchema and an
     /// APIExport (`apis.kcp.io/v1alpha2`, CRD storage) named after the plural.
     pub async fn export(&self, provider: &str, ty: &ExportedType) -> Result<(), Error> {
         let client = self.user_client(provider).await?;
-        // The core group is named `core` in schema names, as kcp names it.
-        let group = if ty.group.is_empty() { "core" } else { &ty.group };
-        let schema_name = format!("{}.{}.{group}", ty.version, ty.plural);
-        let schemas = Api::<DynamicObject>::all_with(
-            client.clone(),
-            &apis_resource("v1alpha1", "APIResourceSchema", "apiresourceschemas"),
-        );
-        create(
-            &schemas,
-            serde_json::json!({
-                "apiVersion": "apis.kcp.io/v1alpha1", "kind": "APIResourceSchema",
-                "metadata": {"name": schema_name},
-                "spec": {
-                    "group": ty.group, "scope": "Namespaced",
-                    "names": {"kind": ty.kind, "listKind": format!("{}List", ty.kind),
-                              "plural": ty.plural, "singular": ty.kind.to_ascii_lowercase()},
-                    "versions": [{"name": ty.version, "served": true, "storage": true,
-                        "schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}]
-                }
-            }),
-            &format!("creating APIResourceSchema {schema_name} in {provider}"),
-        )
-        .await?;
+        let schema_name = create_schema(&client, provider, ty, &[&ty.version]).await?;
         let exports =
             Api::<DynamicObject>::all_with(client, &apis_resource("v1alpha2", "APIExport", "apiexports"));
         create(
@@ -390,31 +413,7 @@ impl KcpShard {
         version: &str,
     ) -> Result<ExportedType, Error> {
         let client = self.user_client(provider).await?;
-        let group = if ty.group.is_empty() { "core" } else { &ty.group };
-        let schema_name = format!("{version}.{}.{group}", ty.plural);
-        let schemas = Api::<DynamicObject>::all_with(
-            client.clone(),
-            &apis_resource("v1alpha1", "APIResourceSchema", "apiresourceschemas"),
-        );
-        let served = |name: &str, storage: bool| {
-            serde_json::json!({"name": name, "served": true, "storage": storage,
-                "schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}})
-        };
-        create(
-            &schemas,
-            serde_json::json!({
-                "apiVersion": "apis.kcp.io/v1alpha1", "kind": "APIResourceSchema",
-                "metadata": {"name": schema_name},
-                "spec": {
-                    "group": ty.group, "scope": "Namespaced", "conversion": {"strategy": "None"},
-                    "names": {"kind": ty.kind, "listKind": format!("{}List", ty.kind),
-                              "plural": ty.plural, "singular": ty.kind.to_ascii_lowercase()},
-                    "versions": [served(&ty.version, false), served(version, true)]
-                }
-            }),
-            &format!("creating APIResourceSchema {schema_name} in {provider}"),
-        )
-        .await?;
+        let schema_name = create_schema(&client, provider, ty, &[&ty.version, version]).await?;
         let exports =
             Api::<DynamicObject>::all_with(client, &apis_resource("v1alpha2", "APIExport", "apiexports"));
         // A merge patch would replace the whole resources list: read, change, write back.
@@ -524,22 +523,14 @@ fn attach_or_start(flavor: KcpFlavor) -> Result<KcpShard, Error> {
     {
         return Ok(KcpShard { flavor, facts });
     }
-    let script = repo_root().join("tests/control-plane/kcp/start.sh");
-    let output = Command::new("bash")
-        .arg(&script)
-        .env("LAZYQUOTA_KCP_DIR", &dir)
-        .env("LAZYQUOTA_KCP_QUOTA", flavor.quota())
-        .output()
-        .map_err(|e| Error::Start {
-            script: script.clone(),
-            message: e.to_string(),
-        })?;
-    if !output.status.success() {
-        return Err(Error::Start {
-            script,
-            message: String::from_utf8_lossy(&output.stderr).into_owned(),
-        });
-    }
+    run_script(
+        "tests/control-plane/kcp/start.sh",
+        &[],
+        &[
+            ("LAZYQUOTA_KCP_DIR", dir.as_os_str()),
+            ("LAZYQUOTA_KCP_QUOTA", flavor.quota().as_ref()),
+        ],
+    )?;
     let facts = read_facts(&dir.join("env"))?;
     Ok(KcpShard { flavor, facts })
 }

@@ -8,10 +8,10 @@
 //! `LAZYQUOTA_KCP_SHARDED_DIR_QUOTA`) or started on first use under
 //! `<repo>/.lazyquota/testenv-kcp-sharded-<flavour>`, like the single shard.
 
-use std::{collections::BTreeMap, path::PathBuf, process::Command, sync::OnceLock};
+use std::{collections::BTreeMap, path::PathBuf, sync::OnceLock};
 
 use super::{KcpFlavor, KcpShard, ready};
-use crate::{Error, lock_state, read_facts, repo_root};
+use crate::{Error, lock_state, read_facts, start::run_script};
 
 /// A running sharded kcp.
 #[derive(Debug)]
@@ -69,24 +69,11 @@ impl ShardedKcp {
     /// Restarts shard `name` with its data and port (`restart-shard.sh`), returning once it
     /// serves again. Its [`KcpShard::pid`] names the old process afterwards.
     pub fn restart(&self, name: &str) -> Result<(), Error> {
-        let script = repo_root().join("tests/control-plane/kcp/restart-shard.sh");
-        let output = Command::new("bash")
-            .arg(&script)
-            .arg(&self.dir)
-            .arg(name)
-            .output()
-            .map_err(|e| Error::Start {
-                script: script.clone(),
-                message: e.to_string(),
-            })?;
-        if output.status.success() {
-            Ok(())
-        } else {
-            Err(Error::Start {
-                script,
-                message: String::from_utf8_lossy(&output.stderr).into_owned(),
-            })
-        }
+        run_script(
+            "tests/control-plane/kcp/restart-shard.sh",
+            &[self.dir.as_os_str(), name.as_ref()],
+            &[],
+        )
     }
 }
 
@@ -162,22 +149,14 @@ fn attach_or_start(flavor: KcpFlavor) -> Result<ShardedKcp, Error> {
     {
         return Ok(kcp);
     }
-    let script = repo_root().join("tests/control-plane/kcp/start-sharded.sh");
-    let output = Command::new("bash")
-        .arg(&script)
-        .env("LAZYQUOTA_KCP_DIR", &dir)
-        .env("LAZYQUOTA_KCP_QUOTA", flavor.quota())
-        .output()
-        .map_err(|e| Error::Start {
-            script: script.clone(),
-            message: e.to_string(),
-        })?;
-    if !output.status.success() {
-        return Err(Error::Start {
-            script,
-            message: String::from_utf8_lossy(&output.stderr).into_owned(),
-        });
-    }
+    run_script(
+        "tests/control-plane/kcp/start-sharded.sh",
+        &[],
+        &[
+            ("LAZYQUOTA_KCP_DIR", dir.as_os_str()),
+            ("LAZYQUOTA_KCP_QUOTA", flavor.quota().as_ref()),
+        ],
+    )?;
     let facts = read_facts(&dir.join("env"))?;
     from_facts(flavor, dir, &facts)
 }
