@@ -51,6 +51,8 @@ cuts::counts_stay_exact_through_watch_cuts_and_paginated_lists|kcp shard: every 
 cluster_scoped::a_cluster_scoped_quota_counts_every_namespace_as_kcp_does|kcp: a cluster-scoped quota (admin namespace, kcp annotation) over a workspace with objects in 4 namespaces|lazyquota computes what kcp's own controller wrote, value for value
 cluster_scoped::lazyquota_writes_kcps_cluster_scoped_quota|kcp: lazyquota as the only writer of a cluster-scoped quota|the count of every namespace; the annotation survives the write; kcp's admission enforces it
 shadow::shadow_mode_agrees_with_kcps_own_quota_controller|kcp: shadow mode next to kcp's own quota controller, after creates and deletes|no disagreement once both settled
+shards::one_lazyquota_per_shard_in_shadow_mode_agrees_with_kcp_on_every_shard|sharded kcp (a root shard and two more, a cache server, a front-proxy), kcp's own quota controller on every shard, an export on the root shard bound on all three, one lazyquota per shard in shadow mode|each serves only its own shard's logical clusters and agrees with kcp key for key, nothing unknown, nothing written
+shards::one_lazyquota_per_shard_counts_exactly_through_restarts_schema_updates_and_deletes|sharded kcp, one lazyquota per shard as the only writer: the export's schema updated on the root shard, shard-1 restarted (SIGTERM, killed after 15 s, started again on its data) while deletes happen on the other shards, a consumer workspace deleted on shard-2|every quota equals a list of its objects; deletes counted on the other shards during the restart and on shard-1 after it; kcp's admission on shard-2 enforces what lazyquota wrote
 EOF_TABLE
 
 start=$SECONDS
