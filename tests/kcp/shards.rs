@@ -279,21 +279,24 @@ async fn one_lazyquota_per_shard_counts_exactly_through_restarts_schema_updates_
     );
 
     // The export's schema is updated on the root shard (a new APIResourceSchema serving v1 and
-    // v2, v2 stored): shard-1's consumer serves v2, and a widget made at v2 is counted.
+    // v2, v2 stored): every consumer serves v2, and a widget made at v2 on shard-1 is counted.
     let v2 = kcp
         .front()
         .update_export(&spread.provider.path, ty, "v2")
         .await
         .expect("schema update");
-    let served_v2 = eventually(WAIT, || async {
-        Api::<DynamicObject>::namespaced_with(c1.clone(), "team", &v2.resource())
-            .list_metadata(&ListParams::default())
-            .await
-            .ok()
-            .map(|_| ())
-    })
-    .await;
-    assert!(served_v2.is_some(), "the consumer on shard-1 serves v2");
+    // The new version reaches every consumer shard, the root one included.
+    for ((ws, client), shard) in spread.consumers.iter().zip(kcp.shards()) {
+        let served_v2 = eventually(WAIT, || async {
+            Api::<DynamicObject>::namespaced_with(client.clone(), "team", &v2.resource())
+                .list_metadata(&ListParams::default())
+                .await
+                .ok()
+                .map(|_| ())
+        })
+        .await;
+        assert!(served_v2.is_some(), "{} on {} serves v2", ws.path, shard.name());
+    }
     create_objects(c1, &v2, "team", &["at-v2"]).await;
     assert!(
         used_becomes(&quotas(c1), "q", &key, "3").await.is_some(),
