@@ -232,18 +232,7 @@ impl ControlPlane {
     /// An admin client for one cluster (`cluster-N`) of a [`Flavor::MultiCluster`] control
     /// plane.
     pub async fn cluster_client(&self, context: &str) -> Result<Client, Error> {
-        let path = self.clusters_kubeconfig()?;
-        let kubeconfig = Kubeconfig::read_from(&path).map_err(|source| Error::Kubeconfig {
-            path: path.clone(),
-            source,
-        })?;
-        let options = KubeConfigOptions {
-            context: Some(context.to_owned()),
-            ..KubeConfigOptions::default()
-        };
-        let config = Config::from_custom_kubeconfig(kubeconfig, &options)
-            .await
-            .map_err(|source| Error::Kubeconfig { path, source })?;
+        let config = context_config(&self.clusters_kubeconfig()?, context).await?;
         Client::try_from(config).map_err(|source| Error::Kube {
             what: format!("building the client of {context}"),
             source,
@@ -433,6 +422,24 @@ async fn get_text(client: &Client, path: &str) -> Result<String, Error> {
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The client configuration of `context` in the kubeconfig at `path`.
+async fn context_config(path: &Path, context: &str) -> Result<Config, Error> {
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|source| Error::Kubeconfig {
+        path: path.to_owned(),
+        source,
+    })?;
+    let options = KubeConfigOptions {
+        context: Some(context.to_owned()),
+        ..KubeConfigOptions::default()
+    };
+    Config::from_custom_kubeconfig(kubeconfig, &options)
+        .await
+        .map_err(|source| Error::Kubeconfig {
+            path: path.to_owned(),
+            source,
+        })
 }
 
 fn read_facts(path: &Path) -> Result<BTreeMap<String, String>, Error> {

@@ -20,10 +20,9 @@ use std::{collections::BTreeMap, path::PathBuf, process::Command, sync::OnceLock
 use kube::{
     Api, Client, Config,
     api::{ApiResource, DynamicObject, PostParams},
-    config::{KubeConfigOptions, Kubeconfig},
 };
 
-use crate::{Error, eventually, lock_state, read_facts, start::run_script};
+use crate::{Error, context_config, eventually, lock_state, read_facts, start::run_script};
 
 /// The annotation kcp puts on every object it returns: its logical cluster's name.
 pub const CLUSTER_ANNOTATION: &str = "kcp.io/cluster";
@@ -115,6 +114,14 @@ impl KcpShard {
         )
     }
 
+    /// The shard's name in a sharded kcp (`root`, `shard-1`, ...); empty for the single shard
+    /// and the front-proxy.
+    pub fn name(&self) -> &str {
+        self.facts
+            .get("LAZYQUOTA_KCP_SHARD_NAME")
+            .map_or("", String::as_str)
+    }
+
     /// The kcp process id (for its RSS and threads in /proc).
     pub fn pid(&self) -> Option<u32> {
         self.facts.get("LAZYQUOTA_KCP_PID")?.parse().ok()
@@ -122,18 +129,7 @@ impl KcpShard {
 
     /// A client configuration of `context` in the admin kubeconfig.
     pub async fn config(&self, context: &str) -> Result<Config, Error> {
-        let path = self.kubeconfig();
-        let kubeconfig = Kubeconfig::read_from(&path).map_err(|source| Error::Kubeconfig {
-            path: path.clone(),
-            source,
-        })?;
-        let options = KubeConfigOptions {
-            context: Some(context.to_owned()),
-            ..KubeConfigOptions::default()
-        };
-        Config::from_custom_kubeconfig(kubeconfig, &options)
-            .await
-            .map_err(|source| Error::Kubeconfig { path, source })
+        context_config(&self.kubeconfig(), context).await
     }
 
     /// A shard-admin client (`system:masters`, context `shard-base`) for `/clusters/<cluster>`

@@ -77,16 +77,6 @@ impl ShardedKcp {
     }
 }
 
-impl KcpShard {
-    /// The shard's name in a sharded kcp (`root`, `shard-1`, ...); empty for the single shard
-    /// and the front-proxy.
-    pub fn name(&self) -> &str {
-        self.facts
-            .get("LAZYQUOTA_KCP_SHARD_NAME")
-            .map_or("", String::as_str)
-    }
-}
-
 fn from_facts(
     flavor: KcpFlavor,
     dir: PathBuf,
