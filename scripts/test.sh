@@ -77,5 +77,6 @@ phase "bench: heap (bounded)" env LAZYQUOTA_BENCH_OBJECTS=10000 cargo test --wor
 phase "bench: scale (bounded)" env LAZYQUOTA_BIN="$release_bin" cargo test --workspace --locked --bench scale -- --quick
 phase "bench: load and soak (bounded)" env LAZYQUOTA_BIN="$release_bin" cargo test --workspace --locked --bench load -- --quick
 phase "bench: kcp seed scenario (bounded)" env LAZYQUOTA_BIN="$release_bin" cargo test --workspace --locked --bench kcp -- --quick
+phase "bench: kcp seed scenario across 3 shards (bounded)" env LAZYQUOTA_BIN="$release_bin" cargo test --workspace --locked --bench kcp -- --quick --shards 3
 # The chart's pods on two real nodes (kubelet, containerd, runc), with that binary's image.
 phase "helm on nodes" bash tests/helm/node-test.sh "$release_bin"

@@ -41,22 +41,27 @@ impl Case {
     }
 }
 
-/// The (consumer, key) each case samples at step `s`, cycled to `n` samples per case; a case
-/// the data cannot give (no unwatched type bound, no shared type) is left out.
+/// The (consumer, key) each case samples at step `s` among the consumers shard `on` hosts,
+/// cycled to `n` samples per case; a case the data cannot give (no unwatched type bound, no
+/// shared type) is left out.
 pub(crate) fn targets(
     plan: &Plan,
     s: usize,
-    threshold: usize,
-    n: usize,
+    (threshold, n): (usize, usize),
+    on: &Shard,
 ) -> Vec<(Case, Vec<(usize, String)>)> {
-    let standing = plan.standing(s);
+    let standing: Vec<(usize, String)> = plan
+        .standing(s)
+        .into_iter()
+        .filter(|(i, _)| on.hosts(*i))
+        .collect();
     let mut per_key: BTreeMap<&str, usize> = BTreeMap::new();
     for (_, key) in &standing {
         *per_key.entry(key.as_str()).or_default() += 1;
     }
     let quotaed: Vec<usize> = plan.quotaed.iter().map(|(i, _)| *i).collect();
     let free: Vec<usize> = (0..plan.consumers.len())
-        .filter(|i| !quotaed.contains(i))
+        .filter(|i| on.hosts(*i) && !quotaed.contains(i))
         .collect();
     let first = |want: &dyn Fn(&str) -> bool| -> Vec<(usize, String)> {
         free.iter()

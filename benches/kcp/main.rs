@@ -28,6 +28,8 @@
 //!     --out /tmp/kcp-cost                               # kcp's quota controller's cost, 4 on/off pairs
 //! cargo bench --bench kcp -- --workspaces 1000 --exports 50 --bindings-per-workspace 5 --settle 15 \
 //!     --out benches/results/kcp-seed                    # the seed's scale (≈53 min)
+//! cargo bench --bench kcp -- --shards 3                 # across 3 shards, W=300 (`sharded`)
+//! cargo bench --bench kcp -- --shards 3 --quick         # bounded (CI)
 //! ```
 //!
 //! Writes `kcp.md`, `kcp.dat`, `kcp.gp` and, with gnuplot installed, `kcp.png` into
@@ -51,6 +53,7 @@ mod report;
 mod run;
 mod scenario;
 mod shard;
+mod sharded;
 
 use std::{path::PathBuf, process::Command, time::Instant};
 
@@ -72,11 +75,14 @@ impl Drop for KcpGuard {
 fn main() {
     let args = Args::parse();
     std::fs::create_dir_all(&args.out).expect("output directory");
-    let dir = repo().join(".lazyquota").join(if args.quick {
-        "bench-kcp-quick"
-    } else {
-        "bench-kcp"
-    });
+    let dir = repo()
+        .join(".lazyquota")
+        .join(match (args.shards > 0, args.quick) {
+            (false, true) => "bench-kcp-quick",
+            (false, false) => "bench-kcp",
+            (true, true) => "bench-kcp-shards-quick",
+            (true, false) => "bench-kcp-shards",
+        });
     // The binary cargo built, copied: a rebuild in the shared target directory during the run
     // must not change the lazyquota that later configurations start.
     let bin = dir.with_extension("lazyquota");
@@ -88,7 +94,11 @@ fn main() {
         .build()
         .expect("runtime");
     let started = Instant::now();
-    runtime.block_on(run(&args, &dir, &bin, started));
+    if args.shards > 0 {
+        runtime.block_on(sharded::run(&args, &dir, &bin, started));
+    } else {
+        runtime.block_on(run(&args, &dir, &bin, started));
+    }
     drop(guard);
     eprintln!("kcp: done in {:.1} min", started.elapsed().as_secs_f64() / 60.0);
 }

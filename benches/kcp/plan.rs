@@ -54,6 +54,8 @@ pub(crate) struct Args {
     pub(crate) exact_steps: usize,
     pub(crate) out: PathBuf,
     pub(crate) quick: bool,
+    /// `--shards N` (N ≥ 2): the run across a sharded kcp (`crate::sharded`); 0: one shard.
+    pub(crate) shards: usize,
 }
 
 pub(crate) fn repo() -> &'static Path {
@@ -85,6 +87,7 @@ impl Args {
                 poll: Duration::from_millis(500),
                 out: std::env::temp_dir().join("lazyquota-bench-kcp-quick"),
                 quick,
+                shards: 0,
             }
         } else {
             Self {
@@ -106,10 +109,13 @@ impl Args {
                 poll: Duration::from_secs(2),
                 out: repo().join("benches/results/kcp"),
                 quick,
+                shards: 0,
             }
         };
+        let mut named = Vec::new();
         let mut it = given.into_iter();
         while let Some(flag) = it.next() {
+            named.push(flag.clone());
             let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
             let num = |v: String| v.parse::<usize>().unwrap_or_else(|_| panic!("not a number: {v}"));
             match flag.as_str() {
@@ -129,16 +135,21 @@ impl Args {
                 "--shared-threshold" => a.shared_threshold = num(value()),
                 "--exact-steps" => a.exact_steps = num(value()),
                 "--cost-runs" => a.cost_runs = num(value()),
+                "--shards" => a.shards = num(value()),
                 other => panic!(
                     "unknown flag {other} (--quick, --latency-only, --workspaces, --exports, --providers, \
                      --bindings-per-workspace, --objects, --quota-percent, --samples, --concurrency, \
-                     --settle, --settle-max, --lq-settle, --shared-threshold, --exact-steps, --cost-runs, --out)"
+                     --settle, --settle-max, --lq-settle, --shared-threshold, --exact-steps, --cost-runs, \
+                     --shards, --out)"
                 ),
             }
         }
         a.latency_only = latency_only;
         if a.providers == 0 {
             a.providers = a.exports;
+        }
+        if a.shards > 0 {
+            a.sharded_defaults(&named);
         }
         assert!(
             a.workspaces >= 1 && a.exports >= 1,
@@ -157,6 +168,44 @@ impl Args {
             "--quota-percent between 1 and 100"
         );
         a
+    }
+}
+
+impl Args {
+    /// The run across shards has its own defaults for what was not given: the issue's W = 300
+    /// over the shards, about n = 100 latency samples per shard (over its three cases), and in
+    /// the bounded run a quota'd consumer on every shard and a type no quota counts (a cold
+    /// case) on each.
+    fn sharded_defaults(&mut self, named: &[String]) {
+        assert!(
+            (2..=9).contains(&self.shards),
+            "--shards must be 2 to 9 (start-sharded.sh's range; one shard is the default run)"
+        );
+        let given = |f: &str| named.iter().any(|n| n == f);
+        let defaults: [(&str, &mut usize, usize, usize); 4] = [
+            ("--workspaces", &mut self.workspaces, 12, 300),
+            ("--exports", &mut self.exports, 4, 30),
+            ("--quota-percent", &mut self.quota_percent, 25, 10),
+            ("--samples", &mut self.samples, 2, 34),
+        ];
+        for (flag, value, quick, full) in defaults {
+            if !given(flag) {
+                *value = if self.quick { quick } else { full };
+            }
+        }
+        if !given("--providers") {
+            self.providers = self.exports;
+        }
+        if !given("--out") && !self.quick {
+            self.out = repo().join("benches/results/kcp-sharded");
+        }
+        if !given("--out") && self.quick {
+            self.out = std::env::temp_dir().join("lazyquota-bench-kcp-sharded-quick");
+        }
+        assert!(
+            !self.latency_only && self.cost_runs == 0 && !given("--exact-steps"),
+            "--latency-only, --cost-runs and --exact-steps are the one-shard run's"
+        );
     }
 }
 

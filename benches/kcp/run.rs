@@ -100,7 +100,7 @@ pub(crate) async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
             continue;
         }
         reset_status(&shard, &clusters, &standing, args.concurrency).await;
-        let targets = targets(&plan, s, args.shared_threshold, args.samples);
+        let targets = targets(&plan, s, (args.shared_threshold, args.samples), &shard);
 
         // 1: kcp with its quota controller, restarted on the data.
         let t = Instant::now();

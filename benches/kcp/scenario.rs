@@ -86,8 +86,9 @@ pub(crate) async fn settle(
     }
 }
 
-/// Creates the workspaces `names` under root (as kcp-admin), each waited for until Ready and
-/// serving, `concurrency` at a time; returns name → logical cluster.
+/// Creates the workspaces `names` under root (as kcp-admin; on the shard when it is one of
+/// several), each waited for until Ready and serving, `concurrency` at a time; returns name →
+/// logical cluster.
 pub(crate) async fn create_workspaces(
     shard: &Shard,
     names: &[String],
@@ -96,8 +97,11 @@ pub(crate) async fn create_workspaces(
     stream::iter(names)
         .map(|name| async move {
             let path = "/clusters/root/apis/tenancy.kcp.io/v1alpha1/workspaces";
-            let body = json!({"apiVersion": "tenancy.kcp.io/v1alpha1", "kind": "Workspace",
-                              "metadata": {"name": name}});
+            let mut body = json!({"apiVersion": "tenancy.kcp.io/v1alpha1", "kind": "Workspace",
+                                  "metadata": {"name": name}});
+            if let Some(shard) = &shard.name {
+                body["spec"] = json!({"location": {"selector": {"matchLabels": {"name": shard}}}});
+            }
             create(&shard.admin, path, &body, Duration::from_mins(1))
                 .await
                 .unwrap_or_else(|e| panic!("workspace {name}: {e}"));
@@ -167,7 +171,7 @@ pub(crate) async fn create_exports(shard: &Shard, plan: &Plan, concurrency: usiz
         .await;
 }
 
-/// Binds consumers' bindings `from..to` (as kcp-admin), waits until every one is Bound (one
+/// Binds the shard's consumers' bindings `from..to` (as kcp-admin), waits until every one is Bound (one
 /// wildcard list per second), then creates `--objects` objects of each newly bound type.
 pub(crate) async fn bind_step(
     shard: &Shard,
@@ -179,6 +183,7 @@ pub(crate) async fn bind_step(
 ) {
     let t = Instant::now();
     let wanted: Vec<(usize, usize)> = (0..plan.consumers.len())
+        .filter(|&i| shard.hosts(i))
         .flat_map(|i| (from..to).map(move |j| (i, j)))
         .collect();
     stream::iter(&wanted)

@@ -26,6 +26,14 @@ pub(crate) struct Shard {
     pub(crate) port: String,
     pub(crate) pid: u32,
     pub(crate) kubeconfig: PathBuf,
+    /// Where kcp-admin's requests go when the shard is one of several: the front-proxy
+    /// (kubeconfig, URL), which routes a workspace's path to the shard it is on.
+    pub(crate) front: Option<(PathBuf, String)>,
+    /// The shard's name when it is one of several: its workspaces are placed on it by the
+    /// `name` label kcp gives each Shard.
+    pub(crate) name: Option<String>,
+    /// (n, of): the shard hosts consumer i when i mod `of` = n.
+    pub(crate) hosts: (usize, usize),
     /// kcp-admin (context `base`): creates workspaces, exports, bindings, objects.
     pub(crate) admin: Client,
     /// shard-admin (context `shard-base`): wildcard lists, /metrics, quotas and their status.
@@ -76,16 +84,15 @@ pub(crate) async fn start_kcp(dir: &Path, quota: bool, keep: bool) -> Shard {
         String::from_utf8_lossy(&out.stderr)
     );
     let f = facts(dir);
-    let url = f["LAZYQUOTA_KCP_URL"].clone();
-    let kubeconfig = PathBuf::from(&f["LAZYQUOTA_KCP_KUBECONFIG"]);
-    Shard {
-        port: url.rsplit(':').next().expect("port").to_owned(),
-        pid: f["LAZYQUOTA_KCP_PID"].parse().expect("pid"),
-        admin: root_client(&kubeconfig, "base", &url).await,
-        root: root_client(&kubeconfig, "shard-base", &url).await,
-        kubeconfig,
-        url,
-    }
+    let pid = f["LAZYQUOTA_KCP_PID"].parse().expect("pid");
+    Shard::open(
+        PathBuf::from(&f["LAZYQUOTA_KCP_KUBECONFIG"]),
+        f["LAZYQUOTA_KCP_URL"].clone(),
+        pid,
+        None,
+        (None, (0, 1)),
+    )
+    .await
 }
 
 pub(crate) async fn call(
@@ -127,6 +134,37 @@ pub(crate) async fn create(
 }
 
 impl Shard {
+    /// The shard at `url` (its admin kubeconfig has contexts `base` and `shard-base`, or only
+    /// `shard-base` when kcp-admin goes through `front`).
+    pub(crate) async fn open(
+        kubeconfig: PathBuf,
+        url: String,
+        pid: u32,
+        front: Option<(PathBuf, String)>,
+        (name, hosts): (Option<String>, (usize, usize)),
+    ) -> Self {
+        let admin = match &front {
+            Some((k, u)) => root_client(k, "base", u).await,
+            None => root_client(&kubeconfig, "base", &url).await,
+        };
+        Self {
+            port: url.rsplit(':').next().expect("port").to_owned(),
+            pid,
+            root: root_client(&kubeconfig, "shard-base", &url).await,
+            admin,
+            kubeconfig,
+            url,
+            front,
+            name,
+            hosts,
+        }
+    }
+
+    /// Whether consumer `i` is on this shard.
+    pub(crate) fn hosts(&self, i: usize) -> bool {
+        i % self.hosts.1 == self.hosts.0
+    }
+
     pub(crate) async fn metrics(&self) -> String {
         let request = http::Request::get("/metrics").body(Vec::new()).expect("request");
         self.root.request_text(request).await.expect("kcp /metrics")
@@ -152,7 +190,10 @@ impl Shard {
     /// New clients: the old ones' idle connections (each a goroutine in kcp) closed before a
     /// reading.
     pub(crate) async fn refresh(&mut self) {
-        self.admin = root_client(&self.kubeconfig, "base", &self.url).await;
+        self.admin = match &self.front {
+            Some((k, u)) => root_client(k, "base", u).await,
+            None => root_client(&self.kubeconfig, "base", &self.url).await,
+        };
         self.root = root_client(&self.kubeconfig, "shard-base", &self.url).await;
     }
 
@@ -232,7 +273,7 @@ impl Lazyquota {
         malloc_conf: Option<&str>,
     ) -> Self {
         // The admin kubeconfig with the shard admin as its current context (wildcard requests).
-        let kubeconfig = dir.join("lazyquota.kubeconfig");
+        let kubeconfig = dir.join(format!("lazyquota-{label}.kubeconfig"));
         lazyquota_testenv::kcp::write_shard_kubeconfig(&shard.kubeconfig, &kubeconfig)
             .expect("lazyquota kubeconfig");
         let port = std::net::TcpListener::bind("127.0.0.1:0")
