@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Every measured figure in README.md, docs/ and the rustdoc (so `--help`) points at the result file that measured it.
 
-A figure is a number with a unit (B, KiB, MiB, GiB, ms, s, min, tasks, goroutines, x). The unit
-of citation is a block: a paragraph, a list item or a table row (fenced code is skipped). A block
+A figure is a number with a unit (B, KiB, MiB, GiB, ms, s, min, tasks, goroutines, x) or a count
+of (open, TCP, shared) connections, watches or statuses. The unit of citation is a block: a paragraph, a list item or a table row (fenced code is skipped). A block
 holding a figure must cite a result file (a link or a backticked path under benches/results/),
 or, for a size, limit or constant of the code, the Rust file that defines it,
 and every figure of a citing block must appear in one of the files it cites. Figures that are
@@ -19,7 +19,7 @@ import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-UNITS = r"(?:B|KiB|MiB|GiB|KB|MB|GB|ms|s|min|tasks|goroutines|×)"
+UNITS = r"(?:B|KiB|MiB|GiB|KB|MB|GB|ms|s|min|tasks|goroutines|(?:(?:open|TCP|shared)\s+)?(?:connections?|watch(?:es)?)|statuses|×)"
 # A number (1,000 / 15.8 / 0.002), optionally a range (93–94) or a pair (19 / 22), then a unit.
 FIGURE = re.compile(
     r"(?<![\w.$/])(?P<num>[-−]?\d[\d,]*(?:\.\d+)?)(?P<more>(?:\s*[–/-]\s*\d[\d,]*(?:\.\d+)?)*)"
