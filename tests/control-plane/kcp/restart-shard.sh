@@ -59,4 +59,4 @@ until curl -fsS --max-time 3 --cacert "$dir/certs/serving-ca.crt" --cert "$dir/c
   ((SECONDS - start < timeout)) || fail "shard $name not ready within ${timeout} s of its restart"
   sleep 1
 done
-say "shard $name restarted${quota:+ (kcp's quota controller $quota)}, ready in $((SECONDS - start)) s"
+say "shard $name restarted${quota:+ with kcp quota controller $quota}, ready in $((SECONDS - start)) s"
