@@ -335,9 +335,9 @@ fn plot(args: &Args, r: &Results) {
     if !r.done {
         return;
     }
-    let gp = "set terminal pngcairo size 1500,450\nset output 'kcp-sharded.png'\nset multiplot layout 1,3\n\
+    let gp = "set terminal pngcairo size 1500,520\nset output 'kcp-sharded.png'\nset multiplot layout 1,3\n\
          set style data histograms\nset style histogram clustered gap 1\nset style fill solid 0.8 border -1\n\
-         set key top left\nset grid ytics\nset yrange [0:*]\n\
+         set key below\nset grid ytics\nset yrange [0:*]\n\
          set title 'what quota costs on each shard: goroutines'\n\
          plot 'kcp-sharded.dat' u ($2-$3):xtic(1) t 'kcp quota controller (1-2)', \
          '' u 8 t 'lazyquota tasks', '' u ($4-$3) t 'kcp serving lazyquota (3-2)'\n\
