@@ -103,6 +103,9 @@ pub(crate) fn targets(
 #[derive(Default)]
 pub(crate) struct Samples {
     pub(crate) create: BTreeMap<Case, Vec<Duration>>,
+    /// Of `create`, the create request itself (kcp's admission of the quota, before any
+    /// controller can see it).
+    pub(crate) post: BTreeMap<Case, Vec<Duration>>,
     /// lazyquota only: delete → its engaged-workspace count back where it was.
     pub(crate) disengage: BTreeMap<Case, Vec<Duration>>,
     /// lazyquota only: delete → its open watches back where they were.
@@ -131,8 +134,9 @@ pub(crate) async fn sample(
                 Some(lq) => Some(lq.engagement().await.expect("lazyquota metrics")),
                 None => None,
             };
-            let took = create_to_status(shard, &clusters[*i], key, objects, who).await;
+            let (took, post) = create_to_status(shard, &clusters[*i], key, objects, who).await;
             out.create.entry(*case).or_default().push(took);
+            out.post.entry(*case).or_default().push(post);
             let t = Instant::now();
             delete_quota(shard, &clusters[*i], SAMPLE).await;
             if let (Some(lq), Some((engaged, watches))) = (lq.as_deref_mut(), before) {
@@ -158,14 +162,14 @@ pub(crate) async fn sample(
 
 /// One sample: quota [`SAMPLE`] created in `cluster` → a watch on it delivers the quota with
 /// status.used `key` = `objects`. The watch is open before the create, so the time is when the
-/// status arrived, not when a poll happened to look.
+/// status arrived, not when a poll happened to look. Also how long the create request took.
 pub(crate) async fn create_to_status(
     shard: &Shard,
     cluster: &str,
     key: &str,
     objects: usize,
     who: &str,
-) -> Duration {
+) -> (Duration, Duration) {
     let path = quota_path(cluster, SAMPLE);
     let list = format!("/clusters/{cluster}/api/v1/namespaces/{NS}/resourcequotas");
     let patience = LATENCY_PATIENCE.as_secs();
@@ -184,6 +188,7 @@ pub(crate) async fn create_to_status(
     call(&shard.root, "POST", &list, Some(&quota_body(SAMPLE, key)))
         .await
         .unwrap_or_else(|e| panic!("creating {path}: {e}"));
+    let post = t.elapsed();
     let deadline = tokio::time::Instant::from_std(t + LATENCY_PATIENCE);
     loop {
         let event = tokio::time::timeout_at(deadline, events.next())
@@ -197,7 +202,7 @@ pub(crate) async fn create_to_status(
             Some(Ok(WatchEvent::Added(q) | WatchEvent::Modified(q)))
                 if used(&q, key) == Some(objects as u64) =>
             {
-                return t.elapsed();
+                return (t.elapsed(), post);
             }
             Some(Ok(WatchEvent::Error(e))) => panic!("{who}: the watch on {path} failed: {e:?}"),
             Some(Ok(_)) => {}
