@@ -94,7 +94,7 @@ fn header(md: &mut String, args: &Args, plan: &Plan, r: &Results, started: Insta
          2. every shard is restarted **without** it, and status.used is set to 0 again (the same \
          writes as in 1 and 3);\n\
          3. one lazyquota per shard is started (`--kcp-shard-url` of that shard, its shard-admin \
-         kubeconfig); first sync as in 1, from the lazyquotas' start.\n\n\
+         kubeconfig); first sync as in 1, from the lazyquotas' start.{}\n\n\
          The shards are read at once (one reading each, as in the one-shard run: a fixed {:?} ({:?} \
          in 3, past the HTTP client's idle timeout), then a sample every {:?} until the last {WINDOW} \
          samples of the shard's goroutines are within max(5, 1%) and lazyquota's tasks within 2, at \
@@ -108,6 +108,12 @@ fn header(md: &mut String, args: &Args, plan: &Plan, r: &Results, started: Insta
          before any controller can see it); in 3 each is deleted and lazyquota's disengagement and watch release waited \
          for before the next.",
         args.objects,
+        if args.quick {
+            "\n\nThis bounded run (`--quick`) makes the data with kcp's quota controller on and \
+             reads 1 without restarting the shards (no first sync of 1)."
+        } else {
+            ""
+        },
         args.settle,
         args.lq_settle.max(args.settle),
         args.poll,

@@ -13,7 +13,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use lazyquota_quota::{
     ClaimProjection, FeatureGates, PodProjection, PvcProjection, Registry, ServiceProjection, Time,
     pod_update_triggers, pvc_update_triggers, service_update_triggers,
@@ -501,26 +500,10 @@ impl Engine {
     }
 }
 
-/// Value equality of two quantities (`Cmp`), string equality for unparsable ones.
-pub fn same_value(a: &K8sQuantity, b: &K8sQuantity) -> bool {
-    match (
-        lazyquota_quota::Quantity::parse_k8s(a),
-        lazyquota_quota::Quantity::parse_k8s(b),
-    ) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => a.0 == b.0,
-    }
-}
-
 /// Value equality of two resource lists (absent is empty).
-pub(crate) fn same_quantities(
-    a: Option<&BTreeMap<String, K8sQuantity>>,
-    b: Option<&BTreeMap<String, K8sQuantity>>,
-) -> bool {
-    let empty = BTreeMap::new();
-    let (a, b) = (a.unwrap_or(&empty), b.unwrap_or(&empty));
-    a.len() == b.len() && a.iter().all(|(k, v)| b.get(k).is_some_and(|w| same_value(v, w)))
-}
+pub(crate) use lazyquota_quota::lists_equal as same_quantities;
+/// Value equality of two quantities (`Cmp`), string equality for unparsable ones.
+pub use lazyquota_quota::same_value;
 
 #[cfg(test)]
 mod tests;

@@ -24,12 +24,9 @@
 //! stored, at some R > C; so while the watches feeding the key have delivered nothing past C,
 //! that object is not counted, and the charge is added **uncapped** ([`Charge::revision`]).
 
-use std::collections::BTreeMap;
+use lazyquota_quota::{Quantities, Quantity, QuantityList, StatusDecision};
 
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
-use lazyquota_quota::{Quantity, StatusDecision};
-
-use crate::engine::QuotaState;
+use crate::engine::{QuotaState, same_quantities};
 
 /// How long a charge someone else made is added to what lazyquota counts: far longer than a
 /// create takes from its charge to its watch event (milliseconds), far shorter than what a
@@ -64,18 +61,18 @@ pub struct Held {
 
 /// What someone else raised from `before` to `after`, key by key (a key new in `after` counts
 /// whole).
-pub fn raised(
-    before: Option<&BTreeMap<String, K8sQuantity>>,
-    after: Option<&BTreeMap<String, K8sQuantity>>,
+pub fn raised<B: Quantities, A: Quantities>(
+    before: Option<&B>,
+    after: Option<&A>,
 ) -> Vec<(String, Quantity)> {
     let Some(after) = after else {
         return Vec::new();
     };
     after
-        .iter()
+        .entries()
         .filter_map(|(key, now)| {
             let now = Quantity::parse_k8s(now).unwrap_or_else(|_| Quantity::unknown());
-            let then = match before.and_then(|b| b.get(key)) {
+            let then = match before.and_then(|b| b.quantity(key)) {
                 None => Quantity::from_count(0),
                 Some(q) => Quantity::parse_k8s(q).unwrap_or_else(|_| Quantity::unknown()),
             };
@@ -186,8 +183,7 @@ pub fn hold_lowering(
     if held.keys.is_empty() {
         return None;
     }
-    let empty = BTreeMap::new();
-    decision.dirty = hard_dirty(state) || !same(&decision.used, stored.unwrap_or(&empty));
+    decision.dirty = hard_dirty(state) || !same_quantities(Some(&decision.used), stored);
     Some(held)
 }
 
@@ -202,9 +198,8 @@ pub fn drop_unmaintained(state: &QuotaState, uncomputed: &[String], decision: &m
         dropped |= decision.used.remove(key).is_some();
     }
     if dropped {
-        let empty = BTreeMap::new();
         decision.dirty =
-            hard_dirty(state) || !same(&decision.used, state.status_used.as_ref().unwrap_or(&empty));
+            hard_dirty(state) || !same_quantities(Some(&decision.used), state.status_used.as_ref());
     }
     dropped
 }
@@ -248,11 +243,8 @@ pub fn hold_until_caught_up(
         // Written only for what is new (a `spec.hard` to copy, a key to raise): not for the
         // held keys themselves — an empty `used` is "dirty" to upstream, and each write would
         // move the quota's version on and hold its keys again, for ever.
-        let empty = BTreeMap::new();
-        decision.dirty = !same(
-            state.spec_hard.as_ref().unwrap_or(&empty),
-            state.status_hard.as_ref().unwrap_or(&empty),
-        ) || !same(&decision.used, stored.unwrap_or(&empty));
+        decision.dirty = !same_quantities(state.spec_hard.as_ref(), state.status_hard.as_ref())
+            || !same_quantities(Some(&decision.used), stored);
     }
     held
 }
@@ -282,22 +274,18 @@ pub(crate) fn same_objects(a: &str, b: &str) -> bool {
 /// `assemble_status`'s reasons to write that are not `used`: `status.hard` differs from
 /// `spec.hard`, or either status list is empty.
 fn hard_dirty(state: &QuotaState) -> bool {
-    let empty = BTreeMap::new();
-    state.status_hard.as_ref().is_none_or(BTreeMap::is_empty)
-        || state.status_used.as_ref().is_none_or(BTreeMap::is_empty)
-        || !same(
-            state.spec_hard.as_ref().unwrap_or(&empty),
-            state.status_hard.as_ref().unwrap_or(&empty),
-        )
-}
-
-fn same(a: &BTreeMap<String, K8sQuantity>, b: &BTreeMap<String, K8sQuantity>) -> bool {
-    crate::engine::same_quantities(Some(a), Some(b))
+    state.status_hard.as_ref().is_none_or(QuantityList::is_empty)
+        || state.status_used.as_ref().is_none_or(QuantityList::is_empty)
+        || !same_quantities(state.spec_hard.as_ref(), state.status_hard.as_ref())
 }
 
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaSpec, ResourceQuotaStatus};
+
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 
     use super::*;
 
@@ -378,7 +366,7 @@ mod tests {
     /// someone else wrote, which admission (charging by `status.hard`) never kept up.
     fn pods_not_enforced(used: &[(&str, &str)]) -> QuotaState {
         let mut state = state(used, &[]);
-        state.status_hard = Some(list(&[(CM, "30")]));
+        state.status_hard = Some(list(&[(CM, "30")]).into());
         state
     }
 
@@ -489,7 +477,7 @@ mod tests {
         assert_eq!(got, want.map(|(k, v)| (k.to_owned(), v.to_owned())));
 
         let mut state = state(&[(CM, "30"), ("pods", "2")], &[]);
-        let odd = raised(None, Some(&list(&[(CM, "not-a-quantity")])));
+        let odd = raised(None::<&QuantityList>, Some(&list(&[(CM, "not-a-quantity")])));
         note(&mut state.charges, odd, None, 100);
         let mut d = decision(&[(CM, "2"), ("pods", "2")]);
         hold_lowering(&state, &own(&state), 0, &mut d, 101).expect("held");

@@ -20,6 +20,7 @@ pub mod claim;
 pub mod evaluator;
 pub mod gates;
 pub mod intern;
+pub mod list;
 pub mod names;
 pub mod pod;
 pub mod pvc;
@@ -39,6 +40,7 @@ pub use evaluator::{
 };
 pub use gates::FeatureGates;
 pub use intern::Interner;
+pub use list::{Quantities, QuantityList};
 pub use names::{GroupResource, QuotaResourceName, classify};
 pub use pod::{ExtractError, Extracted, PodClaimIdentity, PodProjection};
 pub use pvc::PvcProjection;
@@ -46,7 +48,7 @@ pub use quantity::{CompactQuantity, Format, Quantity, QuantityError};
 pub use scope::{QuotaScopes, ScopeError, ScopeName, ScopeOperator, ScopeRequirement};
 pub use service::{QuotaServiceType, ServiceProjection};
 pub use spec::{QuotaSpec, SpecProblem};
-pub use status::{StatusDecision, assemble_status, assemble_status_for};
+pub use status::{StatusDecision, assemble_status, assemble_status_for, lists_equal, same_value};
 pub use time::Time;
 pub use update_filter::{
     other_update_triggers, pod_update_triggers, pvc_update_triggers, service_update_triggers,

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::ResourceQuota;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 
+use crate::list::Quantities;
 use crate::quantity::Quantity;
 use crate::usage::ResourceList;
 
@@ -26,18 +27,25 @@ pub struct StatusDecision {
 
 /// Value equality of two quantity strings (`Cmp`), falling back to string equality for
 /// strings that do not parse (never produced by the apiserver).
-fn same_value(a: &K8sQuantity, b: &K8sQuantity) -> bool {
+pub fn same_value(a: &K8sQuantity, b: &K8sQuantity) -> bool {
     match (Quantity::parse_k8s(a), Quantity::parse_k8s(b)) {
         (Ok(a), Ok(b)) => a == b,
         _ => a.0 == b.0,
     }
 }
 
-/// `quota.Equals` / `Semantic.DeepEqual` on resource lists: same keys, values equal by `Cmp`.
-fn lists_equal(a: &BTreeMap<String, K8sQuantity>, b: &BTreeMap<String, K8sQuantity>) -> bool {
-    a.len() == b.len()
-        && a.iter()
-            .all(|(key, value)| b.get(key).is_some_and(|other| same_value(value, other)))
+/// `quota.Equals` / `Semantic.DeepEqual` on resource lists: same keys, values equal by `Cmp`;
+/// an absent list is an empty one.
+pub fn lists_equal<A: Quantities, B: Quantities>(a: Option<&A>, b: Option<&B>) -> bool {
+    a.map_or(0, Quantities::count) == b.map_or(0, Quantities::count)
+        && entries(a).all(|(key, value)| {
+            b.and_then(|b| b.quantity(key))
+                .is_some_and(|other| same_value(value, other))
+        })
+}
+
+fn entries<L: Quantities>(list: Option<&L>) -> impl Iterator<Item = (&String, &K8sQuantity)> {
+    list.into_iter().flat_map(Quantities::entries)
 }
 
 /// `syncResourceQuota` steps 1 to 7.
@@ -48,35 +56,35 @@ fn lists_equal(a: &BTreeMap<String, K8sQuantity>, b: &BTreeMap<String, K8sQuanti
 ///
 /// An empty map reads back as absent (the API omits it), so empty `hard` or `used` count as
 /// nil here, which makes such a quota dirty on every sync, exactly like upstream.
-pub fn assemble_status(
-    spec_hard: Option<&BTreeMap<String, K8sQuantity>>,
-    status_hard: Option<&BTreeMap<String, K8sQuantity>>,
-    status_used: Option<&BTreeMap<String, K8sQuantity>>,
+pub fn assemble_status<H: Quantities, S: Quantities, U: Quantities>(
+    spec_hard: Option<&H>,
+    status_hard: Option<&S>,
+    status_used: Option<&U>,
     new_usage: &ResourceList,
 ) -> StatusDecision {
-    let empty = BTreeMap::new();
-    let spec_hard = spec_hard.unwrap_or(&empty);
-    let status_hard_nil = status_hard.is_none_or(BTreeMap::is_empty);
-    let status_used_nil = status_used.is_none_or(BTreeMap::is_empty);
-    let previous_used = status_used.unwrap_or(&empty);
-    let mut dirty =
-        !lists_equal(spec_hard, status_hard.unwrap_or(&empty)) || status_hard_nil || status_used_nil;
-    let mut used = previous_used.clone();
+    let status_hard_nil = status_hard.is_none_or(|h| h.count() == 0);
+    let status_used_nil = status_used.is_none_or(|u| u.count() == 0);
+    let mut dirty = !lists_equal(spec_hard, status_hard) || status_hard_nil || status_used_nil;
+    let hard: BTreeMap<String, K8sQuantity> =
+        entries(spec_hard).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut used: BTreeMap<String, K8sQuantity> = entries(status_used)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     let mut withheld = Vec::new();
     for (key, value) in new_usage {
         if value.is_unknown() {
             used.remove(key);
-            if spec_hard.contains_key(key) {
+            if hard.contains_key(key) {
                 withheld.push(key.clone());
             }
         } else {
             used.insert(key.clone(), value.to_k8s());
         }
     }
-    used.retain(|key, _| spec_hard.contains_key(key));
-    dirty |= !lists_equal(&used, previous_used);
+    used.retain(|key, _| hard.contains_key(key));
+    dirty |= !lists_equal(Some(&used), status_used);
     StatusDecision {
-        hard: spec_hard.clone(),
+        hard,
         used,
         dirty,
         withheld,

@@ -162,7 +162,7 @@ fn main() {
          | per engaged logical cluster, the last {} only | {} |\n\
          | by step: the quota in the membership and a discovery slot | {} |\n\
          | by step: the first discovery (the resolver's list of interned types) | {} |\n\
-         | by step: the quota in the engine (spec, demand) | {} |\n\
+         | by step: the quota in the engine (spec, status as after its first write, demand) | {} |\n\
          | by step: the count watch (plan, hub demand, fan-out subscriber, its list) | {} |\n\
          | of which the fan-out subscriber (cluster name, phase, its share: a watch id and an empty `Vec`) | {} |\n\
          | still allocated after letting all {ENGAGED} go, then engaging them again, {CYCLES} rounds (bytes above the start) | {} |\n\n\

@@ -1,10 +1,8 @@
 //! Quotas in the Engine: what is kept of each, and applying, deleting, resetting and
 //! recording them (the quota watch's events, admission's charges, our own writes).
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::{api::core::v1::ResourceQuota, apimachinery::pkg::api::resource::Quantity as K8sQuantity};
-use lazyquota_quota::{Quantity, QuotaSpec, SpecProblem};
+use k8s_openapi::api::core::v1::ResourceQuota;
+use lazyquota_quota::{Quantities, Quantity, QuantityList, QuotaSpec, SpecProblem};
 
 use crate::{
     keys::{ALL_NAMESPACES, ClusterName, QuotaKey},
@@ -19,11 +17,11 @@ pub struct QuotaState {
     /// Parsed spec (hard keys, scopes, problems).
     pub spec: QuotaSpec,
     /// `spec.hard` as the apiserver stores it (copied verbatim into `status.hard`).
-    pub spec_hard: Option<BTreeMap<String, K8sQuantity>>,
+    pub spec_hard: Option<QuantityList>,
     /// `status.hard` as last seen or written.
-    pub status_hard: Option<BTreeMap<String, K8sQuantity>>,
+    pub status_hard: Option<QuantityList>,
     /// `status.used` as last seen or written: the previous values that unsynced keys keep.
-    pub status_used: Option<BTreeMap<String, K8sQuantity>>,
+    pub status_used: Option<QuantityList>,
     /// The resourceVersion a status write is guarded by.
     pub resource_version: Option<String>,
     /// The quota's uid, for Events about it.
@@ -70,9 +68,13 @@ impl QuotaState {
         };
         let state = Self {
             spec,
-            spec_hard: quota.spec.as_ref().and_then(|s| s.hard.clone()),
-            status_hard: status.and_then(|s| s.hard.clone()),
-            status_used: status.and_then(|s| s.used.clone()),
+            spec_hard: quota
+                .spec
+                .as_ref()
+                .and_then(|s| s.hard.as_ref())
+                .map(QuantityList::from),
+            status_hard: status.and_then(|s| s.hard.as_ref()).map(QuantityList::from),
+            status_used: status.and_then(|s| s.used.as_ref()).map(QuantityList::from),
             resource_version: quota.metadata.resource_version.clone(),
             uid: quota.metadata.uid.clone(),
             charges: Vec::new(),
@@ -111,11 +113,11 @@ impl QuotaState {
     /// Whether `status.hard` has a key `old` lacked: from then on admission charges the key,
     /// and objects admitted before — uncharged — may still be on their way to the watches
     /// ([`QuotaState::spec_ms`] starts again).
-    pub fn hard_gained(
-        old: Option<&BTreeMap<String, K8sQuantity>>,
-        new: Option<&BTreeMap<String, K8sQuantity>>,
-    ) -> bool {
-        new.is_some_and(|n| n.keys().any(|k| old.is_none_or(|o| !o.contains_key(k))))
+    pub fn hard_gained<O: Quantities, N: Quantities>(old: Option<&O>, new: Option<&N>) -> bool {
+        new.is_some_and(|n| {
+            n.entries()
+                .any(|(k, _)| old.is_none_or(|o| o.quantity(k).is_none()))
+        })
     }
 }
 
@@ -367,8 +369,8 @@ impl Engine {
         }
         {
             let status = written.status.as_ref();
-            state.status_hard = status.and_then(|s| s.hard.clone());
-            state.status_used = status.and_then(|s| s.used.clone());
+            state.status_hard = status.and_then(|s| s.hard.as_ref()).map(QuantityList::from);
+            state.status_used = status.and_then(|s| s.used.as_ref()).map(QuantityList::from);
             state
                 .resource_version
                 .clone_from(&written.metadata.resource_version);

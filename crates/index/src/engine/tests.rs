@@ -1,4 +1,7 @@
-use k8s_openapi::api::core::v1::{ConfigMap, ResourceQuota, ResourceQuotaSpec};
+use k8s_openapi::{
+    api::core::v1::{ConfigMap, ResourceQuota, ResourceQuotaSpec},
+    apimachinery::pkg::api::resource::Quantity as K8sQuantity,
+};
 
 use super::*;
 use crate::{
@@ -301,7 +304,7 @@ fn a_write_response_older_than_the_watch_does_not_replace_its_view() {
         .get(&key)
         .and_then(|e| e.payload.status_used.clone())
         .unwrap();
-    assert_eq!(used["count/configmaps"].0, "3");
+    assert_eq!(used.get("count/configmaps").unwrap().0, "3");
 }
 
 fn fill<F: FnOnce(&mut Engine, &PartitionKey)>(

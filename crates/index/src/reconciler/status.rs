@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::{api::core::v1::ResourceQuota, apimachinery::pkg::api::resource::Quantity as K8sQuantity};
-use lazyquota_quota::Quantity;
+use lazyquota_quota::{Quantity, QuantityList};
 use tracing::{debug, warn};
 
 use super::{Effect, FIRST_LIST_GRACE, Metric, Now, Reconciler};
@@ -45,22 +45,16 @@ pub struct Failure {
     pub message: String,
 }
 
-fn removed(
-    now: &BTreeMap<String, K8sQuantity>,
-    before: Option<&BTreeMap<String, K8sQuantity>>,
-) -> Vec<String> {
+fn removed(now: &BTreeMap<String, K8sQuantity>, before: Option<&QuantityList>) -> Vec<String> {
     before
         .into_iter()
-        .flat_map(BTreeMap::keys)
+        .flat_map(QuantityList::keys)
         .filter(|k| !now.contains_key(*k))
         .cloned()
         .collect()
 }
 
-fn lowers(
-    now: &BTreeMap<String, K8sQuantity>,
-    before: Option<&BTreeMap<String, K8sQuantity>>,
-) -> Vec<String> {
+fn lowers(now: &BTreeMap<String, K8sQuantity>, before: Option<&QuantityList>) -> Vec<String> {
     let Some(before) = before else { return Vec::new() };
     before
         .iter()

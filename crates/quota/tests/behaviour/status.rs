@@ -119,7 +119,7 @@ fn status_dirty_rules() {
     // Kept previous values are copied verbatim, computed ones are canonical.
     let decision = assemble_status(
         Some(&k8s(&[("a", "1"), ("b", "1")])),
-        None,
+        None::<&BTreeMap<String, K8sQuantity>>,
         Some(&k8s(&[("a", "1.500")])),
         &[("b".to_owned(), Quantity::parse("1536Mi").unwrap())].into(),
     );
