@@ -124,14 +124,17 @@ serving "$certs/front-proxy"
 
 # shellcheck source=../ports.sh
 source "$here/../ports.sh"
-free_port proxy_port
-free_port cache_port
-free_port cache_etcd
-free_port cache_etcd_peer
+# Below the ephemeral range: a shard restarted by restart-shard.sh comes back on its ports, which
+# an outgoing connection could otherwise take as its local port meanwhile (seen: a restart whose
+# embedded etcd found its peer port in use).
+kept_port proxy_port
+kept_port cache_port
+kept_port cache_etcd
+kept_port cache_etcd_peer
 for n in $(seq 0 $((shards - 1))); do
-  free_port "shard_port_$n"
-  free_port "etcd_port_$n"
-  free_port "etcd_peer_$n"
+  kept_port "shard_port_$n"
+  kept_port "etcd_port_$n"
+  kept_port "etcd_peer_$n"
 done
 proxy_url=https://127.0.0.1:$proxy_port
 port_of() { local v="shard_port_$1"; echo "${!v}"; }
