@@ -38,11 +38,7 @@ pub(crate) async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
     let t = Instant::now();
     let mut shard = start_kcp(dir, false, false).await;
     res.timeline.push(("kcp started (empty)".into(), t.elapsed()));
-    res.kcp_version = call(&shard.root, "GET", "/version", None)
-        .await
-        .ok()
-        .and_then(|v| v["gitVersion"].as_str().map(str::to_owned))
-        .unwrap_or_default();
+    res.kcp_version = shard.version().await;
     res.gc_forced = shard.force_gc().await;
 
     let t = Instant::now();

@@ -160,6 +160,15 @@ impl Shard {
         }
     }
 
+    /// kcp's `gitVersion` (empty when /version does not answer).
+    pub(crate) async fn version(&self) -> String {
+        call(&self.root, "GET", "/version", None)
+            .await
+            .ok()
+            .and_then(|v| v["gitVersion"].as_str().map(str::to_owned))
+            .unwrap_or_default()
+    }
+
     /// Whether consumer `i` is on this shard.
     pub(crate) fn hosts(&self, i: usize) -> bool {
         i % self.hosts.1 == self.hosts.0

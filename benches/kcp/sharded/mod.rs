@@ -144,11 +144,7 @@ pub(crate) async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
         t.elapsed(),
     ));
     res.shards = shards.iter().filter_map(|s| s.name.clone()).collect();
-    res.kcp_version = call(&shards[0].root, "GET", "/version", None)
-        .await
-        .ok()
-        .and_then(|v| v["gitVersion"].as_str().map(str::to_owned))
-        .unwrap_or_default();
+    res.kcp_version = shards[0].version().await;
     res.gc_forced = shards[0].force_gc().await;
 
     let t = Instant::now();
