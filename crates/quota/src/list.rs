@@ -71,12 +71,6 @@ impl QuantityList {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
-
-    /// The list as the API's map.
-    #[must_use]
-    pub fn to_map(&self) -> BTreeMap<String, K8sQuantity> {
-        self.0.iter().cloned().collect()
-    }
 }
 
 impl From<BTreeMap<String, K8sQuantity>> for QuantityList {
@@ -140,7 +134,6 @@ mod tests {
             list.keys().cloned().collect::<Vec<_>>(),
             m.keys().cloned().collect::<Vec<_>>()
         );
-        assert_eq!(list.to_map(), m);
         assert_eq!(QuantityList::from(m.clone()), list);
         assert!(QuantityList::from(BTreeMap::new()).is_empty());
     }
