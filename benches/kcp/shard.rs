@@ -63,6 +63,14 @@ pub(crate) async fn root_client(kubeconfig: &Path, context: &str, url: &str) -> 
     Client::try_from(config).expect("client")
 }
 
+/// kcp-admin's client: through the front-proxy when there is one, else at the shard.
+async fn admin_client(front: Option<&(PathBuf, String)>, kubeconfig: &Path, url: &str) -> Client {
+    match front {
+        Some((k, u)) => root_client(k, "base", u).await,
+        None => root_client(kubeconfig, "base", url).await,
+    }
+}
+
 /// (Re)starts the shard of `dir` with start.sh and returns it with fresh clients (a restart
 /// changes the port and the kcp-admin token).
 pub(crate) async fn start_kcp(dir: &Path, quota: bool, keep: bool) -> Shard {
@@ -143,10 +151,7 @@ impl Shard {
         front: Option<(PathBuf, String)>,
         (name, hosts): (Option<String>, (usize, usize)),
     ) -> Self {
-        let admin = match &front {
-            Some((k, u)) => root_client(k, "base", u).await,
-            None => root_client(&kubeconfig, "base", &url).await,
-        };
+        let admin = admin_client(front.as_ref(), &kubeconfig, &url).await;
         Self {
             port: url.rsplit(':').next().expect("port").to_owned(),
             pid,
@@ -199,10 +204,7 @@ impl Shard {
     /// New clients: the old ones' idle connections (each a goroutine in kcp) closed before a
     /// reading.
     pub(crate) async fn refresh(&mut self) {
-        self.admin = match &self.front {
-            Some((k, u)) => root_client(k, "base", u).await,
-            None => root_client(&self.kubeconfig, "base", &self.url).await,
-        };
+        self.admin = admin_client(self.front.as_ref(), &self.kubeconfig, &self.url).await;
         self.root = root_client(&self.kubeconfig, "shard-base", &self.url).await;
     }
 
