@@ -196,11 +196,12 @@ impl Args {
         if !given("--providers") {
             self.providers = self.exports;
         }
-        if !given("--out") && !self.quick {
-            self.out = repo().join("benches/results/kcp-sharded");
-        }
-        if !given("--out") && self.quick {
-            self.out = std::env::temp_dir().join("lazyquota-bench-kcp-sharded-quick");
+        if !given("--out") {
+            self.out = if self.quick {
+                std::env::temp_dir().join("lazyquota-bench-kcp-sharded-quick")
+            } else {
+                repo().join("benches/results/kcp-sharded")
+            };
         }
         assert!(
             !self.latency_only && self.cost_runs == 0 && !given("--exact-steps"),
