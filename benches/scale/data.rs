@@ -27,6 +27,9 @@ pub(crate) struct Data {
     pub(crate) constrained: usize,
 }
 
+/// Quotas by name: what `spec.hard` sets and what `status.used` must then say.
+pub(crate) type Quotas = Vec<(String, Vec<(String, String)>, Vec<(String, String)>)>;
+
 pub(crate) fn meta(name: &str) -> ObjectMeta {
     ObjectMeta {
         name: Some(name.into()),
@@ -180,7 +183,7 @@ impl Data {
     }
 
     /// The quotas of one namespace when `crds` CRDs exist, and what status.used must say.
-    pub(crate) fn quotas(&self, crds: usize) -> Vec<(String, Vec<(String, String)>, Vec<(String, String)>)> {
+    pub(crate) fn quotas(&self, crds: usize) -> Quotas {
         let n = |v: usize| v.to_string();
         let mut quotas = vec![
             (

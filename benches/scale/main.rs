@@ -9,10 +9,14 @@
 //! cargo bench --bench scale -- --crds 0,50 --pods 500 --out /tmp/x
 //! cargo bench --bench scale -- --controllers kcm,lazy --lazy-binary lto=/path/to/lazyquota
 //!                                                  # another build, side by side (benches/profile.sh)
+//! cargo bench --bench scale -- --full-kcm        # against a KCM with every default controller
+//!                                                  # (N = 0,100,200,400, 3 repeats; full_kcm.rs)
+//! cargo bench --bench scale -- --full-kcm --quick  # bounded (CI)
 //! ```
 //!
 //! Writes `scale.md` (tables), `scale.dat` and, with gnuplot installed, `scale.png` into
-//! `benches/results/` (or `--out`).
+//! `benches/results/` (or `--out`); `--full-kcm` writes `full-kcm.md` into
+//! `benches/results/full-kcm/` (or `--out`).
 
 // A measurement harness: counts become f64 for reporting, and each measurement reads best
 // as one sequence of steps.
@@ -26,6 +30,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod data;
+mod full_kcm;
 mod measure;
 mod plan;
 mod process;
@@ -39,6 +44,7 @@ use kube::{
 };
 
 use crate::data::Data;
+use crate::full_kcm::FullResults;
 use crate::measure::measure;
 use crate::plan::{Args, Results};
 use crate::report::write_results;
@@ -51,12 +57,16 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let results = runtime.block_on(run(&args, &state, &facts));
+    let (results, full) = runtime.block_on(run(&args, &state, &facts));
     common::stop_control_plane(&state);
-    write_results(&args, &results);
+    if args.full_kcm {
+        full_kcm::write_results(&args, &full);
+    } else {
+        write_results(&args, &results);
+    }
 }
 
-async fn run(args: &Args, state: &Path, facts: &BTreeMap<String, String>) -> Results {
+async fn run(args: &Args, state: &Path, facts: &BTreeMap<String, String>) -> (Results, FullResults) {
     let kubeconfig = state.join("admin.kubeconfig");
     let config = kube::Config::from_custom_kubeconfig(
         Kubeconfig::read_from(&kubeconfig).expect("kubeconfig"),
@@ -67,6 +77,7 @@ async fn run(args: &Args, state: &Path, facts: &BTreeMap<String, String>) -> Res
     let client = Client::try_from(config).expect("client");
     let data = Data::create(&client, args).await;
     let mut results = Results::new();
+    let mut full = FullResults::new();
     let mut crds_made = 0;
     for &n in &args.crds {
         let t = Instant::now();
@@ -78,6 +89,10 @@ async fn run(args: &Args, state: &Path, facts: &BTreeMap<String, String>) -> Res
             args.objects_per_crd,
             t.elapsed()
         );
+        if args.full_kcm {
+            full_kcm::measure_at(&client, args, &data, n, &kubeconfig, state, &mut full).await;
+            continue;
+        }
         // The order alternates per N (reversed at every other N), so neither side always runs
         // first on a fresh apiserver cache or last on a warm one.
         let mut order = args.controllers.clone();
@@ -94,5 +109,5 @@ async fn run(args: &Args, state: &Path, facts: &BTreeMap<String, String>) -> Res
             results.insert((n, controller.name()), sample);
         }
     }
-    results
+    (results, full)
 }

@@ -15,8 +15,8 @@ use kube::{
 };
 use lazyquota_quota::Quantity;
 
-use crate::common::readings::{connections, metric, proc_status};
-use crate::data::{Data, crd_plural, create_core, quota_object};
+use crate::common::readings::connections;
+use crate::data::{Data, Quotas, crd_plural, create_core, quota_object};
 use crate::plan::{Args, Controller, Sample};
 use crate::process::start;
 
@@ -45,26 +45,7 @@ pub(crate) async fn measure(
     facts: &BTreeMap<String, String>,
     state: &Path,
 ) -> Sample {
-    // Fresh quotas (empty status) for every controller, so its first sync is measured.
-    let quotas = data.quotas(n);
-    for ns in &data.namespaces {
-        let api: Api<ResourceQuota> = Api::namespaced(client.clone(), ns);
-        let _ = api
-            .delete_collection(&DeleteParams::default(), &ListParams::default())
-            .await;
-        while !api
-            .list(&ListParams::default())
-            .await
-            .is_ok_and(|l| l.items.is_empty())
-        {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        for (name, hard, _) in &quotas {
-            api.create(&PostParams::default(), &quota_object(name, hard))
-                .await
-                .expect("create quota");
-        }
-    }
+    let quotas = fresh_quotas(client, data, n).await;
     let apiserver_port = facts["LAZYQUOTA_APISERVER_URL"]
         .rsplit(':')
         .next()
@@ -73,51 +54,16 @@ pub(crate) async fn measure(
     let baseline_watches = apiserver_watch_count(client).await;
     let started = Instant::now();
     let process = start(controller, kubeconfig, state);
-
-    // First complete sync: every quota of every namespace says what the data implies.
-    loop {
-        let mut all = true;
-        for ns in &data.namespaces {
-            let api: Api<ResourceQuota> = Api::namespaced(client.clone(), ns);
-            for (name, _, want) in &quotas {
-                if !quota_matches(&api, name, want).await {
-                    all = false;
-                    break;
-                }
-            }
-            if !all {
-                break;
-            }
-        }
-        if all {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_mins(10),
-            "{} never synced",
-            controller.name()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_synced(client, data, &quotas, controller.name(), started).await;
     let first_sync = started.elapsed();
     tokio::time::sleep(args.settle).await;
 
-    let metrics = process.metrics().await;
-    let (tasks, heap_bytes) = match controller {
-        Controller::Kcm => (
-            metric(&metrics, "go_goroutines"),
-            metric(&metrics, "go_memstats_heap_inuse_bytes"),
-        ),
-        _ => (
-            metric(&metrics, "lazyquota_tokio_alive_tasks"),
-            metric(&metrics, "lazyquota_jemalloc_allocated_bytes"),
-        ),
-    };
+    let reading = process.reading().await;
     let mut sample = Sample {
-        tasks,
-        heap_bytes,
-        rss_bytes: proc_status(process.child.id(), "VmRSS:"),
-        anon_bytes: proc_status(process.child.id(), "RssAnon:"),
+        tasks: reading.tasks,
+        heap_bytes: reading.heap_bytes,
+        rss_bytes: reading.rss_bytes,
+        anon_bytes: reading.anon_bytes,
         connections: connections(process.child.id(), &apiserver_port),
         apiserver_watches: apiserver_watch_count(client).await - baseline_watches,
         first_sync,
@@ -196,6 +142,53 @@ pub(crate) async fn measure(
         .collect::<Vec<()>>()
         .await;
     sample
+}
+
+/// The quotas of every namespace at `n` CRDs, deleted and created again with an empty status, so
+/// the next controller's first sync is measured.
+pub(crate) async fn fresh_quotas(client: &Client, data: &Data, n: usize) -> Quotas {
+    let quotas = data.quotas(n);
+    for ns in &data.namespaces {
+        let api: Api<ResourceQuota> = Api::namespaced(client.clone(), ns);
+        let _ = api
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await;
+        while !api
+            .list(&ListParams::default())
+            .await
+            .is_ok_and(|l| l.items.is_empty())
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for (name, hard, _) in &quotas {
+            api.create(&PostParams::default(), &quota_object(name, hard))
+                .await
+                .expect("create quota");
+        }
+    }
+    quotas
+}
+
+/// Waits until every quota of every namespace says what the data implies (the first complete
+/// sync of the controller started at `started`).
+pub(crate) async fn wait_synced(client: &Client, data: &Data, quotas: &Quotas, who: &str, started: Instant) {
+    loop {
+        let mut all = true;
+        'namespaces: for ns in &data.namespaces {
+            let api: Api<ResourceQuota> = Api::namespaced(client.clone(), ns);
+            for (name, _, want) in quotas {
+                if !quota_matches(&api, name, want).await {
+                    all = false;
+                    break 'namespaces;
+                }
+            }
+        }
+        if all {
+            return;
+        }
+        assert!(started.elapsed() < Duration::from_mins(10), "{who} never synced");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Open watches the apiserver counts (all clients).

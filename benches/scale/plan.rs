@@ -9,6 +9,11 @@ use std::{
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Controller {
     Kcm,
+    /// KCM with every controller it enables by default (`--controllers '*'`): the resource
+    /// quota controller shares its metadata informers with the garbage collector there.
+    KcmAll,
+    /// The same KCM without its resource quota controller (`'*,-resourcequota-controller'`).
+    KcmAllButQuota,
     Eager,
     /// Lazy mode with the default transport (HTTP/2).
     Lazy,
@@ -23,10 +28,22 @@ impl Controller {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Kcm => "KCM (resourcequota only)",
+            Self::KcmAll => "KCM (every default controller)",
+            Self::KcmAllButQuota => "KCM (every default controller but resourcequota)",
             Self::Eager => "lazyquota --mode eager",
             Self::Lazy => "lazyquota --mode lazy",
             Self::LazyHttp1 => "lazyquota --mode lazy --transport http1",
             Self::LazyBinary(label, _) => label,
+        }
+    }
+
+    /// KCM's `--controllers` for a KCM configuration.
+    pub(crate) fn kcm_controllers(self) -> Option<&'static str> {
+        match self {
+            Self::Kcm => Some("resourcequota-controller"),
+            Self::KcmAll => Some("*"),
+            Self::KcmAllButQuota => Some("*,-resourcequota-controller"),
+            _ => None,
         }
     }
 }
@@ -46,6 +63,11 @@ pub(crate) struct Args {
     pub(crate) settle: Duration,
     pub(crate) out: PathBuf,
     pub(crate) controllers: Vec<Controller>,
+    /// `--full-kcm`: the comparison against a KCM running every default controller
+    /// (benches/scale/full_kcm.rs) instead of the per-controller run.
+    pub(crate) full_kcm: bool,
+    /// How many times each full-KCM configuration is measured at each N (interleaved).
+    pub(crate) repeats: usize,
 }
 
 impl Args {
@@ -64,14 +86,22 @@ impl Args {
             settle: Duration::from_secs(10),
             out: Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/results"),
             controllers: vec![Controller::Kcm, Controller::Eager, Controller::Lazy],
+            full_kcm: false,
+            repeats: 3,
         };
+        let mut crds_given = false;
+        let mut quick = false;
+        let mut out_given = false;
         let mut it = std::env::args().skip(1);
         let mut extra = Vec::new();
         while let Some(flag) = it.next() {
             let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
             let num = |v: String| v.parse::<usize>().unwrap_or_else(|_| panic!("not a number: {v}"));
             match flag.as_str() {
+                "--full-kcm" => a.full_kcm = true,
+                "--repeats" => a.repeats = num(value()).max(1),
                 "--quick" => {
+                    quick = true;
                     // Two points: CI's bounded run checks that everything runs (room for
                     // kcp's e2e quota suite), the full run measures the slope.
                     a.crds = vec![0, 20];
@@ -84,7 +114,10 @@ impl Args {
                     a.settle = Duration::from_secs(2);
                     a.out = std::env::temp_dir().join("lazyquota-bench-quick");
                 }
-                "--crds" => a.crds = value().split(',').map(|v| num(v.to_owned())).collect(),
+                "--crds" => {
+                    crds_given = true;
+                    a.crds = value().split(',').map(|v| num(v.to_owned())).collect();
+                }
                 "--pods" => a.pods = num(value()),
                 "--services" => a.services = num(value()),
                 "--pvcs" => a.pvcs = num(value()),
@@ -93,7 +126,10 @@ impl Args {
                 "--new-crd-objects" => a.new_crd_objects = num(value()),
                 "--deletes" => a.deletes = num(value()),
                 "--settle" => a.settle = Duration::from_secs(num(value()) as u64),
-                "--out" => a.out = PathBuf::from(value()),
+                "--out" => {
+                    out_given = true;
+                    a.out = PathBuf::from(value());
+                }
                 "--constrained" => a.constrained = num(value()),
                 "--controllers" => {
                     a.controllers = value()
@@ -124,6 +160,18 @@ impl Args {
             }
         }
         a.controllers.extend(extra);
+        if a.full_kcm {
+            // Where the saving changes sign lies between these (the break-even N).
+            if !crds_given && !quick {
+                a.crds = vec![0, 100, 200, 400];
+            }
+            if !out_given {
+                a.out.push("full-kcm");
+            }
+            if quick {
+                a.repeats = 1;
+            }
+        }
         a.crds.sort_unstable();
         a
     }

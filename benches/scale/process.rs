@@ -8,12 +8,28 @@ use std::{
 
 use kube::Client;
 
-use crate::common;
+use crate::common::{
+    self,
+    readings::{metric, proc_status},
+};
 use crate::plan::Controller;
 
 pub(crate) struct Process {
     pub(crate) child: Child,
     pub(crate) metrics_url: String,
+    /// A kube-controller-manager (read as a Go program), else lazyquota.
+    pub(crate) kcm: bool,
+}
+
+/// One process's figures, read at once.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Reading {
+    /// Goroutines (KCM) or tokio alive tasks (lazyquota).
+    pub(crate) tasks: f64,
+    /// Go's heap in use (KCM) or jemalloc's allocated bytes (lazyquota).
+    pub(crate) heap_bytes: f64,
+    pub(crate) rss_bytes: f64,
+    pub(crate) anon_bytes: f64,
 }
 
 impl Drop for Process {
@@ -30,6 +46,37 @@ impl Process {
         let client = Client::try_from(config).expect("metrics client");
         let request = http::Request::get("/metrics").body(Vec::new()).expect("request");
         client.request_text(request).await.expect("metrics")
+    }
+
+    /// Whether the process answers `/healthz` with 200.
+    pub(crate) async fn serving(&self) -> bool {
+        let mut config = kube::Config::new(self.metrics_url.parse().expect("url"));
+        config.accept_invalid_certs = true;
+        let Ok(client) = Client::try_from(config) else {
+            return false;
+        };
+        let request = http::Request::get("/healthz").body(Vec::new()).expect("request");
+        client.request_text(request).await.is_ok()
+    }
+
+    /// Tasks and heap from the process's metrics, RSS from /proc.
+    pub(crate) async fn reading(&self) -> Reading {
+        let metrics = self.metrics().await;
+        let (tasks, heap) = if self.kcm {
+            ("go_goroutines", "go_memstats_heap_inuse_bytes")
+        } else {
+            (
+                "lazyquota_tokio_alive_tasks",
+                "lazyquota_jemalloc_allocated_bytes",
+            )
+        };
+        let pid = self.child.id();
+        Reading {
+            tasks: metric(&metrics, tasks),
+            heap_bytes: metric(&metrics, heap),
+            rss_bytes: proc_status(pid, "VmRSS:"),
+            anon_bytes: proc_status(pid, "RssAnon:"),
+        }
     }
 
     pub(crate) fn stop(mut self) {
@@ -59,7 +106,7 @@ pub(crate) fn start(controller: Controller, kubeconfig: &Path, state: &Path) -> 
         .collect();
     let log = std::fs::File::create(state.join(format!("logs/bench-{name}.log"))).expect("log");
     match controller {
-        Controller::Kcm => {
+        Controller::Kcm | Controller::KcmAll | Controller::KcmAllButQuota => {
             let bin = std::fs::read_to_string(state.join("env"))
                 .unwrap()
                 .lines()
@@ -78,8 +125,14 @@ pub(crate) fn start(controller: Controller, kubeconfig: &Path, state: &Path) -> 
                 .args(["--bind-address", "127.0.0.1", "--secure-port", &port.to_string()])
                 .args([
                     "--controllers",
-                    "resourcequota-controller",
+                    controller.kcm_controllers().expect("a KCM configuration"),
                     "--use-service-account-credentials=true",
+                ])
+                // As the control plane's own KCM: every default controller includes the
+                // service-account token controller, which needs the key.
+                .args([
+                    "--service-account-private-key-file",
+                    pki.join("sa.key").to_str().unwrap(),
                 ])
                 // client-go's default (QPS 20, burst 30) would throttle KCM's lists and writes
                 // while lazyquota has no client-side limiter; lift it so the two compare fairly.
@@ -96,6 +149,7 @@ pub(crate) fn start(controller: Controller, kubeconfig: &Path, state: &Path) -> 
             Process {
                 child,
                 metrics_url: format!("https://127.0.0.1:{port}"),
+                kcm: true,
             }
         }
         Controller::Eager | Controller::Lazy | Controller::LazyHttp1 | Controller::LazyBinary(..) => {
@@ -131,6 +185,7 @@ pub(crate) fn start(controller: Controller, kubeconfig: &Path, state: &Path) -> 
             Process {
                 child,
                 metrics_url: format!("http://127.0.0.1:{port}"),
+                kcm: false,
             }
         }
     }
