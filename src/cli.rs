@@ -273,6 +273,11 @@ pub(crate) struct RunArgs {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,
+    /// Keep the program's start-up code mapped (by default, once the quotas are listed, the
+    /// executable's pages are dropped from lazyquota's page tables and only what runs faults
+    /// back in; Linux only).
+    #[arg(long)]
+    pub(crate) keep_startup_pages: bool,
 }
 
 /// Leader election on a coordination.k8s.io Lease (KCM's --leader-elect-* flags).

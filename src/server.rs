@@ -240,26 +240,32 @@ async fn debug_explain(State(admin): State<Admin>, headers: HeaderMap, uri: axum
 }
 
 async fn readyz(State(admin): State<Admin>) -> (StatusCode, String) {
+    let (ready, why) = ready(&admin).await;
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, why)
+}
+
+/// Whether lazyquota is ready (`/readyz`), and why: leading with every served cluster's quotas
+/// listed (or nothing to serve), or standing by with the apiserver and the Lease in reach.
+pub async fn ready(admin: &Admin) -> (bool, String) {
     let serving = !admin.controllers.borrow().is_empty();
     if !serving && admin.metrics.leader.get() == 1 {
         // Leading with nothing to serve: a kcp shard without ResourceQuotas.
-        return (StatusCode::OK, "ok: leading, no cluster with quotas yet\n".into());
+        return (true, "ok: leading, no cluster with quotas yet\n".into());
     }
     if !serving {
         return if *admin.standby_ready.borrow() {
-            (StatusCode::OK, "ok: standby\n".into())
+            (true, "ok: standby\n".into())
         } else {
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "not ready: waiting for the lease\n".into(),
-            )
+            (false, "not ready: waiting for the lease\n".into())
         };
     }
-    match snapshots(&admin, false).await {
-        None => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: controller stopped\n".into(),
-        ),
+    match snapshots(admin, false).await {
+        None => (false, "not ready: controller stopped\n".into()),
         Some(all) => {
             let listing: Vec<&str> = all
                 .iter()
@@ -267,10 +273,10 @@ async fn readyz(State(admin): State<Admin>) -> (StatusCode, String) {
                 .map(|s| s.cluster.as_str())
                 .collect();
             if listing.is_empty() {
-                (StatusCode::OK, "ok: leading, quotas listed\n".into())
+                (true, "ok: leading, quotas listed\n".into())
             } else {
                 (
-                    StatusCode::SERVICE_UNAVAILABLE,
+                    false,
                     format!("not ready: listing quotas in cluster(s) {}\n", listing.join(", ")),
                 )
             }

@@ -52,6 +52,9 @@ pub(crate) struct Args {
     pub(crate) shared_threshold: usize,
     /// Steps of the exact-heap series (engaged workspaces 0, W/n, …, W); 0 skips it.
     pub(crate) exact_steps: usize,
+    /// `--exact-baseline LABEL=PATH`: the exact-heap series again with another lazyquota
+    /// build (an earlier commit's), on the same shard and data right after the first.
+    pub(crate) exact_baseline: Option<(String, PathBuf)>,
     pub(crate) out: PathBuf,
     pub(crate) quick: bool,
     /// `--shards N` (N ≥ 2): the run across a sharded kcp (`crate::sharded`); 0: one shard.
@@ -84,6 +87,7 @@ impl Args {
                 lq_settle: Duration::from_secs(2),
                 shared_threshold: 2,
                 exact_steps: 2,
+                exact_baseline: None,
                 poll: Duration::from_millis(500),
                 out: std::env::temp_dir().join("lazyquota-bench-kcp-quick"),
                 quick,
@@ -106,6 +110,7 @@ impl Args {
                 lq_settle: Duration::from_secs(100),
                 shared_threshold: 2,
                 exact_steps: 4,
+                exact_baseline: None,
                 poll: Duration::from_secs(2),
                 out: repo().join("benches/results/kcp"),
                 quick,
@@ -134,13 +139,21 @@ impl Args {
                 "--out" => a.out = PathBuf::from(value()),
                 "--shared-threshold" => a.shared_threshold = num(value()),
                 "--exact-steps" => a.exact_steps = num(value()),
+                "--exact-baseline" => {
+                    let value = value();
+                    let (label, path) = value
+                        .split_once('=')
+                        .unwrap_or_else(|| panic!("--exact-baseline LABEL=PATH, got {value}"));
+                    assert!(Path::new(path).is_file(), "--exact-baseline: no binary at {path}");
+                    a.exact_baseline = Some((label.to_owned(), PathBuf::from(path)));
+                }
                 "--cost-runs" => a.cost_runs = num(value()),
                 "--shards" => a.shards = num(value()),
                 other => panic!(
                     "unknown flag {other} (--quick, --latency-only, --workspaces, --exports, --providers, \
                      --bindings-per-workspace, --objects, --quota-percent, --samples, --concurrency, \
-                     --settle, --settle-max, --lq-settle, --shared-threshold, --exact-steps, --cost-runs, \
-                     --shards, --out)"
+                     --settle, --settle-max, --lq-settle, --shared-threshold, --exact-steps, --exact-baseline, \
+                     --cost-runs, --shards, --out)"
                 ),
             }
         }
@@ -204,8 +217,11 @@ impl Args {
             };
         }
         assert!(
-            !self.latency_only && self.cost_runs == 0 && !given("--exact-steps"),
-            "--latency-only, --cost-runs and --exact-steps are the one-shard run's"
+            !self.latency_only
+                && self.cost_runs == 0
+                && !given("--exact-steps")
+                && self.exact_baseline.is_none(),
+            "--latency-only, --cost-runs, --exact-steps and --exact-baseline are the one-shard run's"
         );
     }
 }
@@ -332,6 +348,8 @@ pub(crate) struct Results {
     /// every one of those quotas was deleted.
     pub(crate) exact: Vec<(usize, Reading)>,
     pub(crate) exact_after: Option<Reading>,
+    /// `--exact-baseline`: the same series with the other build (its label, levels, after).
+    pub(crate) exact_baseline: Option<(String, Vec<(usize, Reading)>, Option<Reading>)>,
     /// `--cost-runs`: (kcp with its quota controller, without it), in the order read.
     pub(crate) cost: Vec<(Reading, Reading)>,
     pub(crate) timeline: Vec<(String, Duration)>,

@@ -9,7 +9,7 @@ use std::{
 use futures::{StreamExt as _, stream};
 
 use crate::latency::{sample, targets};
-use crate::plan::{Args, Config, ENGAGED, NS, Plan, Results, STANDING};
+use crate::plan::{Args, Config, ENGAGED, NS, Plan, Reading, Results, STANDING};
 use crate::report::{machine_facts, write_results};
 use crate::scenario::{
     bind_step, close, create_exports, create_quotas, create_workspaces, delete_quota, lq_until, reset_status,
@@ -214,9 +214,26 @@ pub(crate) async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
         drop(lq);
         if s == last && args.exact_steps > 0 && !args.latency_only {
             let t = Instant::now();
-            exact_series(&mut shard, &plan, &clusters, args, dir, bin, &mut res).await;
+            (res.exact, res.exact_after) =
+                exact_series(&mut shard, &plan, &clusters, args, dir, bin, "exact").await;
             res.timeline
                 .push((format!("B={b}: exact-heap series"), t.elapsed()));
+            if let Some((label, baseline)) = &args.exact_baseline {
+                let t = Instant::now();
+                let (levels, after) = exact_series(
+                    &mut shard,
+                    &plan,
+                    &clusters,
+                    args,
+                    dir,
+                    baseline,
+                    "exact-baseline",
+                )
+                .await;
+                res.exact_baseline = Some((label.clone(), levels, after));
+                res.timeline
+                    .push((format!("B={b}: exact-heap series, {label}"), t.elapsed()));
+            }
         }
         if s == last && args.cost_runs > 0 {
             let t = Instant::now();
@@ -254,7 +271,7 @@ async fn read(
 /// reading to the next by more than the figure sought). One warm-up engagement (consumer 0,
 /// then deleted), then a quota `engaged` in the first 0, W/n, …, W consumers (consumer i on
 /// its binding i mod K, so the types are spread), read at each level; then every one deleted
-/// and read again.
+/// and read again. Returns the levels' readings and the one after.
 pub(crate) async fn exact_series(
     shard: &mut Shard,
     plan: &Plan,
@@ -262,15 +279,15 @@ pub(crate) async fn exact_series(
     args: &Args,
     dir: &Path,
     bin: &Path,
-    res: &mut Results,
-) {
+    label: &str,
+) -> (Vec<(usize, Reading)>, Option<Reading>) {
     let k = plan.per_workspace;
     let quotas: Vec<(usize, String)> = (0..clusters.len()).map(|i| (i, plan.key(i, i % k))).collect();
     let mut lq = Lazyquota::start(
         shard,
         dir,
         bin,
-        "exact",
+        label,
         args.shared_threshold,
         Some("tcache:false"),
     );
@@ -292,6 +309,7 @@ pub(crate) async fn exact_series(
     lq_until(&mut lq, "disengaging the warm-up workspace", |e, _| close(e, 0.0)).await;
     let fixed = args.lq_settle.max(args.settle);
     let mut done = 0;
+    let mut levels = Vec::new();
     for step in 0..=args.exact_steps {
         let level = step * quotas.len() / args.exact_steps;
         create_quotas(shard, clusters, &quotas[done..level], args.concurrency).await;
@@ -312,8 +330,8 @@ pub(crate) async fn exact_series(
         })
         .await;
         let reading = settle(shard, Some(&mut lq), args, fixed).await;
-        eprintln!("kcp: exact heap, {level} engaged: {reading:?}");
-        res.exact.push((level, reading));
+        eprintln!("kcp: exact heap ({label}), {level} engaged: {reading:?}");
+        levels.push((level, reading));
     }
     stream::iter(&quotas[..done])
         .for_each_concurrent(args.concurrency, |(i, _)| {
@@ -325,8 +343,8 @@ pub(crate) async fn exact_series(
     })
     .await;
     let after = settle(shard, Some(&mut lq), args, fixed).await;
-    eprintln!("kcp: exact heap, all deleted again: {after:?}");
-    res.exact_after = Some(after);
+    eprintln!("kcp: exact heap ({label}), all deleted again: {after:?}");
+    (levels, Some(after))
 }
 
 /// kcp's quota controller's cost read again and again (`--cost-runs` pairs at the last step,

@@ -11,6 +11,8 @@
 //! saving = (A − B) − lazyquota's own (read in C), in RSS and in anonymous RSS
 //! ```
 //!
+//! Each `--lazy-binary LABEL=PATH` adds a configuration: B beside that build of lazyquota.
+//!
 //! Writes `full-kcm.md` into `benches/results/full-kcm/` (or `--out`).
 
 use std::{
@@ -20,10 +22,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use kube::Client;
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, Client, api::DeleteParams};
 
 use crate::common::{self, stats::median};
-use crate::data::Data;
+use crate::data::{Data, create_core};
 use crate::measure::{fresh_quotas, wait_synced};
 use crate::plan::{Args, Controller};
 use crate::process::{Process, Reading, start};
@@ -33,17 +36,33 @@ use crate::process::{Process, Reading, start};
 pub(crate) enum Config {
     All,
     AllButQuota,
-    AllButQuotaAndLazy,
+    /// B beside a lazyquota: `Controller::Lazy` (C), or a `--lazy-binary` build.
+    AllButQuotaAnd(Controller),
 }
 
 impl Config {
-    const EVERY: [Self; 3] = [Self::All, Self::AllButQuota, Self::AllButQuotaAndLazy];
+    /// Every configuration a run measures, C's variants last.
+    fn every(args: &Args) -> Vec<Self> {
+        let mut every = vec![
+            Self::All,
+            Self::AllButQuota,
+            Self::AllButQuotaAnd(Controller::Lazy),
+        ];
+        every.extend(
+            args.controllers
+                .iter()
+                .filter(|c| matches!(c, Controller::LazyBinary(..)))
+                .map(|c| Self::AllButQuotaAnd(*c)),
+        );
+        every
+    }
 
-    fn name(self) -> &'static str {
+    fn name(self) -> String {
         match self {
-            Self::All => "A: KCM, every default controller",
-            Self::AllButQuota => "B: KCM, every default controller but resourcequota",
-            Self::AllButQuotaAndLazy => "C: B + lazyquota --mode lazy",
+            Self::All => "A: KCM, every default controller".into(),
+            Self::AllButQuota => "B: KCM, every default controller but resourcequota".into(),
+            Self::AllButQuotaAnd(Controller::Lazy) => "C: B + lazyquota --mode lazy".into(),
+            Self::AllButQuotaAnd(other) => format!("C: B + {}", other.name()),
         }
     }
 }
@@ -71,8 +90,9 @@ pub(crate) async fn measure_at(
     for round in 0..args.repeats {
         // Each configuration first, second and third in turn, so none always meets a fresh or
         // a warm apiserver cache.
-        let mut order = Config::EVERY;
-        order.rotate_left((round + n / 100) % Config::EVERY.len());
+        let mut order = Config::every(args);
+        let len = order.len();
+        order.rotate_left((round + n / 100) % len);
         for config in order {
             let readings = measure_one(client, args, data, n, config, kubeconfig, state).await;
             eprintln!("scale --full-kcm: N={n} {}: {readings:?}", config.name());
@@ -101,15 +121,29 @@ async fn measure_one(
         kubeconfig,
         state,
     );
-    let lazy = (config == Config::AllButQuotaAndLazy).then(|| start(Controller::Lazy, kubeconfig, state));
+    let lazy = match config {
+        Config::AllButQuotaAnd(controller) => Some(start(controller, kubeconfig, state)),
+        _ => None,
+    };
     if config == Config::AllButQuota {
         // Nobody writes the quotas here: KCM serving is the start; the settle below lets its
         // informers list (A and C wait for the quotas, whose controllers wait for theirs).
         wait_serving(&kcm, started).await;
     } else {
-        wait_synced(client, data, &quotas, config.name(), started).await;
+        wait_synced(client, data, &quotas, &config.name(), started).await;
     }
-    tokio::time::sleep(args.settle).await;
+    tokio::time::sleep(args.settle.max(SETTLE_MIN)).await;
+    churn(client, data).await;
+    if config == Config::AllButQuota {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    } else {
+        wait_synced(client, data, &quotas, &config.name(), started).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Go's heap in use swings by tens of MiB with its collection cycle, more than the quota
+    // controller's share: collect first, then read.
+    kcm.collect_garbage().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let readings = Readings {
         kcm: kcm.reading().await,
         lazy: match &lazy {
@@ -122,6 +156,32 @@ async fn measure_one(
     }
     kcm.stop();
     readings
+}
+
+/// Past lazyquota's drop of its start-up pages (10 s after it is ready), so the reading is of
+/// what stays resident.
+const SETTLE_MIN: Duration = Duration::from_secs(15);
+/// The index of the pods [`churn`] creates and deletes, above any the data has.
+const CHURN_POD: usize = 1_000_000;
+
+/// Work for the controllers before the reading: a pod created and deleted in every namespace,
+/// so that what is resident includes handling watch events and writing statuses, not only an
+/// idle process's. Under B admission refuses the pods (nobody wrote the quotas' status), and
+/// the deletes find nothing: its KCM sees no pod event.
+async fn churn(client: &Client, data: &Data) {
+    for ns in &data.namespaces {
+        create_core(client, ns, "pod", CHURN_POD).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let gone = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    for ns in &data.namespaces {
+        let _ = Api::<Pod>::namespaced(client.clone(), ns)
+            .delete(&format!("p{CHURN_POD}"), &gone)
+            .await;
+    }
 }
 
 async fn wait_serving(process: &Process, started: Instant) {
@@ -193,8 +253,9 @@ pub(crate) fn write_results(args: &Args, results: &FullResults) {
          namespaces; N namespaced CRDs with {} objects each; quotas constrain pods, services, PVCs and K = {} CRDs. \
          A: kube-controller-manager with every controller it enables by default (`--controllers '*'`); B: the same \
          with `--controllers '*,-resourcequota-controller'`; C: B and `lazyquota run --mode lazy` side by side. Each \
-         configuration started fresh {} time(s) per N in a rotating order and read {} s after its quotas were \
-         synced (B: after KCM served /healthz). Medians, with the range of RSS over the repeats. Tasks are \
+         configuration started fresh {} time(s) per N in a rotating order; {} s after its quotas were synced \
+         (B: after KCM served /healthz) a pod was created and deleted in every namespace (refused under B, \
+         whose quotas have no status), and the processes were read once the quotas said so again, KCM's garbage collected first (`/debug/pprof/heap?debug=1&gc=1`). Medians, with the range of RSS over the repeats. Tasks are \
          goroutines for KCM and tokio alive tasks for lazyquota; heap is Go's heap in use for KCM and jemalloc's \
          allocated bytes for lazyquota. {}. Commit: `{}`.\n",
         std::env::args()
@@ -210,7 +271,7 @@ pub(crate) fn write_results(args: &Args, results: &FullResults) {
         args.objects_per_crd,
         args.constrained,
         args.repeats,
-        args.settle.as_secs(),
+        args.settle.max(SETTLE_MIN).as_secs(),
         common::binary_note(),
         common::commit(),
     );
@@ -238,70 +299,78 @@ pub(crate) fn write_results(args: &Args, results: &FullResults) {
             .get(&(n, c))
             .map(|v| summarize(&v.iter().map(|r| r.kcm).collect::<Vec<_>>()))
     };
-    let lazy_of = |n: usize| {
+    let lazy_of = |n: usize, c: Config| {
         results
-            .get(&(n, Config::AllButQuotaAndLazy))
+            .get(&(n, c))
             .map(|v| summarize(&v.iter().filter_map(|r| r.lazy).collect::<Vec<_>>()))
     };
+    let every = Config::every(args);
     for &n in &args.crds {
-        for config in Config::EVERY {
+        for &config in &every {
             if let Some(s) = kcm_of(n, config) {
                 row(&mut md, n, config, "kube-controller-manager", &s);
             }
-        }
-        if let Some(s) = lazy_of(n) {
-            row(&mut md, n, Config::AllButQuotaAndLazy, "lazyquota", &s);
+            if let Some(s) = lazy_of(n, config).filter(|_| matches!(config, Config::AllButQuotaAnd(_))) {
+                row(&mut md, n, config, "lazyquota", &s);
+            }
         }
     }
     md.push_str(
-        "\n## The saving\n\nKCM's quota controller is A − B; lazyquota's own cost is its process in C; the saving \
-         is the first minus the second (positive: switching saves memory). \"Beside\" repeats it with B's KCM as \
-         read in C, beside lazyquota.\n\n\
-         | N | KCM's quota controller: goroutines / RSS / anon MiB | lazyquota: tasks / RSS / anon MiB | saving RSS MiB | saving anon RSS MiB | beside: RSS / anon MiB |\n\
-         |---|---|---|---|---|---|\n",
+        "\n## The saving\n\nKCM's quota controller is A − B; lazyquota's own cost is its process beside B; the \
+         saving is the first minus the second (positive: switching saves memory). \"Beside\" repeats it with B's \
+         KCM as read beside lazyquota.\n",
     );
-    let (mut rss_points, mut anon_points) = (Vec::new(), Vec::new());
-    for &n in &args.crds {
-        let (Some(a), Some(b), Some(c), Some(lazy)) = (
-            kcm_of(n, Config::All),
-            kcm_of(n, Config::AllButQuota),
-            kcm_of(n, Config::AllButQuotaAndLazy),
-            lazy_of(n),
-        ) else {
-            continue;
-        };
-        let (saving_rss, saving_anon) = (a.rss - b.rss - lazy.rss, a.anon - b.anon - lazy.anon);
-        rss_points.push((n, saving_rss));
-        anon_points.push((n, saving_anon));
+    for &config in every.iter().filter(|c| matches!(c, Config::AllButQuotaAnd(_))) {
         let _ = writeln!(
             md,
-            "| {n} | {:+.0} / {:+.1} / {:+.1} | {:.0} / {:.1} / {:.1} | {:+.1} | {:+.1} | {:+.1} / {:+.1} |",
-            a.tasks - b.tasks,
-            mib(a.rss - b.rss),
-            mib(a.anon - b.anon),
-            lazy.tasks,
-            mib(lazy.rss),
-            mib(lazy.anon),
-            mib(saving_rss),
-            mib(saving_anon),
-            mib(a.rss - c.rss - lazy.rss),
-            mib(a.anon - c.anon - lazy.anon),
+            "\n### {}\n\n\
+             | N | KCM's quota controller: goroutines / RSS / anon MiB | lazyquota: tasks / RSS / anon MiB | saving RSS MiB | saving anon RSS MiB | beside: RSS / anon MiB |\n\
+             |---|---|---|---|---|---|",
+            config.name()
+        );
+        let (mut rss_points, mut anon_points) = (Vec::new(), Vec::new());
+        for &n in &args.crds {
+            let (Some(a), Some(b), Some(c), Some(lazy)) = (
+                kcm_of(n, Config::All),
+                kcm_of(n, Config::AllButQuota),
+                kcm_of(n, config),
+                lazy_of(n, config),
+            ) else {
+                continue;
+            };
+            let (saving_rss, saving_anon) = (a.rss - b.rss - lazy.rss, a.anon - b.anon - lazy.anon);
+            rss_points.push((n, saving_rss));
+            anon_points.push((n, saving_anon));
+            let _ = writeln!(
+                md,
+                "| {n} | {:+.0} / {:+.1} / {:+.1} | {:.0} / {:.1} / {:.1} | {:+.1} | {:+.1} | {:+.1} / {:+.1} |",
+                a.tasks - b.tasks,
+                mib(a.rss - b.rss),
+                mib(a.anon - b.anon),
+                lazy.tasks,
+                mib(lazy.rss),
+                mib(lazy.anon),
+                mib(saving_rss),
+                mib(saving_anon),
+                mib(a.rss - c.rss - lazy.rss),
+                mib(a.anon - c.anon - lazy.anon),
+            );
+        }
+        let say = |points: &[(usize, f64)]| {
+            break_even(points).unwrap_or_else(|| {
+                format!(
+                    "not positive at any N measured (up to {})",
+                    points.last().map_or(0, |p| p.0)
+                )
+            })
+        };
+        let _ = writeln!(
+            md,
+            "\nBreak-even (the N from which the saving is positive): RSS {}; anonymous RSS {}.",
+            say(&rss_points),
+            say(&anon_points)
         );
     }
-    let say = |points: &[(usize, f64)]| {
-        break_even(points).unwrap_or_else(|| {
-            format!(
-                "not positive at any N measured (up to {})",
-                points.last().map_or(0, |p| p.0)
-            )
-        })
-    };
-    let _ = writeln!(
-        md,
-        "\nBreak-even (the N from which the saving is positive): RSS {}; anonymous RSS {}.",
-        say(&rss_points),
-        say(&anon_points)
-    );
     std::fs::write(args.out.join("full-kcm.md"), &md).expect("write full-kcm.md");
     println!("{md}");
 }

@@ -6,7 +6,7 @@ use std::{
     time::Duration,
 };
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Controller {
     Kcm,
     /// KCM with every controller it enables by default (`--controllers '*'`): the resource

@@ -19,6 +19,8 @@
 //!   events do (the controller only carries out its actions).
 //! - [`membership`], [`sharing`], [`fanout`]: kcp's shard-level decisions.
 
+#![forbid(unsafe_code)]
+
 pub mod demand;
 pub mod discoveries;
 pub mod engine;

@@ -12,6 +12,8 @@
 //! - [`operate`]: what an operator sees and sets (clusters served, metrics, delegated auth,
 //!   leader election, `usage` and `explain` reports).
 
+#![forbid(unsafe_code)]
+
 pub mod controller;
 pub mod kcp;
 pub mod operate;

@@ -16,6 +16,8 @@
 //! [`plan_key`] tells an index what to watch for a key; the `*_update_triggers` functions are
 //! upstream's update filter.
 
+#![forbid(unsafe_code)]
+
 pub mod claim;
 pub mod evaluator;
 pub mod gates;

@@ -18,6 +18,8 @@
 //!   a `cargo test` run shares it. It is left running for the next binary; `make test` stops
 //!   it at the end (`make cp-stop` does too).
 
+#![forbid(unsafe_code)]
+
 pub mod fixtures;
 pub mod kcp;
 mod namespace;

@@ -1,0 +1,166 @@
+//! Giving back the executable's pages that start-up touched.
+//!
+//! Most of lazyquota's resident memory is its own code: the kernel maps a program's file pages
+//! 64 KiB around each one it faults in ("fault-around"), so parsing flags and the kubeconfig,
+//! setting up TLS, discovery and the first lists leave most of the text mapped, though the
+//! steady state runs a fraction of it. Once the quotas are listed and written, the clean
+//! read-only mappings of the executable are dropped from this process's page tables
+//! (`MADV_DONTNEED`); what the controller runs from then on faults back in from the page cache,
+//! and only that stays resident. The pages stay in the page cache (unmapped, so the kernel may
+//! reclaim them first); nothing is read from disk unless it was reclaimed.
+//!
+//! `unsafe`: `madvise` takes a raw address range. This is the binary's only unsafe code; the
+//! library crates forbid it.
+
+use std::io;
+
+/// One mapping of the executable that `MADV_DONTNEED` may drop: not writable and without a
+/// private (anonymous) page, so every page reads back from the file exactly as it was.
+#[derive(Debug, PartialEq, Eq)]
+struct Clean {
+    start: usize,
+    len: usize,
+    resident_kib: u64,
+}
+
+/// The executable's clean mappings, from `/proc/self/smaps` text and the executable's path.
+fn clean_mappings(smaps: &str, exe: &str) -> Vec<Clean> {
+    let mut found = Vec::new();
+    // (range, writable, resident KiB, anonymous KiB) of the mapping being read.
+    let mut current: Option<(usize, usize, bool, u64, u64)> = None;
+    let mut finish = |current: Option<(usize, usize, bool, u64, u64)>| {
+        if let Some((start, end, writable, rss, anonymous)) = current
+            && !writable
+            && anonymous == 0
+        {
+            found.push(Clean {
+                start,
+                len: end - start,
+                resident_kib: rss,
+            });
+        }
+    };
+    for line in smaps.lines() {
+        let mut fields = line.split_whitespace();
+        let Some(first) = fields.next() else { continue };
+        if let Some((start, end)) = first.split_once('-')
+            && let (Ok(start), Ok(end)) = (usize::from_str_radix(start, 16), usize::from_str_radix(end, 16))
+        {
+            finish(current.take());
+            let perms = fields.next().unwrap_or("");
+            // offset, device, inode, then the path (which may hold spaces).
+            let path = fields.skip(3).collect::<Vec<_>>().join(" ");
+            if path == exe {
+                current = Some((start, end, perms.contains('w'), 0, u64::MAX));
+            }
+            continue;
+        }
+        let kib = || fields.clone().next().and_then(|v| v.parse::<u64>().ok());
+        if let Some((_, _, _, rss, anonymous)) = current.as_mut() {
+            match first {
+                "Rss:" => *rss = kib().unwrap_or(0),
+                "Anonymous:" => *anonymous = kib().unwrap_or(u64::MAX),
+                _ => {}
+            }
+        }
+    }
+    finish(current);
+    found
+}
+
+/// Drops the executable's clean mappings from the page tables; returns the KiB that were
+/// resident in them.
+pub fn release_startup_pages() -> io::Result<u64> {
+    let exe = std::fs::read_link("/proc/self/exe")?;
+    let smaps = std::fs::read_to_string("/proc/self/smaps")?;
+    let mut released = 0;
+    for mapping in clean_mappings(&smaps, &exe.to_string_lossy()) {
+        // SAFETY: the range is one whole mapping of this executable's file that is not
+        // writable and held no private page when smaps was read; nothing writes to the
+        // executable's read-only mappings, so none can have gained one since. MADV_DONTNEED on
+        // a private file mapping without private pages only unmaps them: the next access reads
+        // the same bytes from the file (the page cache), so no code or constant changes under
+        // a running thread.
+        #[allow(unsafe_code)]
+        let rc = unsafe {
+            libc::madvise(
+                mapping.start as *mut libc::c_void,
+                mapping.len,
+                libc::MADV_DONTNEED,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        released += mapping.resident_kib;
+    }
+    Ok(released)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Clean, clean_mappings, release_startup_pages};
+
+    const SMAPS: &str = "\
+55d0c0000000-55d0c0200000 r--p 00000000 08:01 42 /usr/bin/lazy quota
+Size:               2048 kB
+Rss:                 824 kB
+Anonymous:             0 kB
+55d0c0200000-55d0c1000000 r-xp 00200000 08:01 42 /usr/bin/lazy quota
+Rss:                9000 kB
+Anonymous:             0 kB
+55d0c1000000-55d0c1100000 r--p 01000000 08:01 42 /usr/bin/lazy quota
+Rss:                 724 kB
+Anonymous:           724 kB
+55d0c1100000-55d0c1200000 rw-p 01100000 08:01 42 /usr/bin/lazy quota
+Rss:                  12 kB
+Anonymous:             0 kB
+7f0000000000-7f0000100000 r-xp 00000000 08:01 43 /usr/lib/other.so
+Rss:                 100 kB
+Anonymous:             0 kB
+";
+
+    #[test]
+    fn only_the_executables_read_only_mappings_without_private_pages_are_dropped() {
+        // The relocated read-only data (private pages) and the writable data stay, and so
+        // does another file's mapping.
+        assert_eq!(
+            clean_mappings(SMAPS, "/usr/bin/lazy quota"),
+            vec![
+                Clean {
+                    start: 0x55d0_c000_0000,
+                    len: 0x20_0000,
+                    resident_kib: 824
+                },
+                Clean {
+                    start: 0x55d0_c020_0000,
+                    len: 0xe0_0000,
+                    resident_kib: 9000
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_mapping_whose_private_pages_are_not_reported_is_kept() {
+        let smaps = "55d0c0200000-55d0c1000000 r-xp 00200000 08:01 42 /bin/x\nRss: 9000 kB\n";
+        assert_eq!(clean_mappings(smaps, "/bin/x"), vec![]);
+    }
+
+    #[test]
+    fn the_test_binary_runs_on_after_its_code_is_dropped_from_its_page_tables() {
+        let status = || std::fs::read_to_string("/proc/self/status").unwrap();
+        let file_kib = |s: &str| -> u64 {
+            s.lines()
+                .find_map(|l| l.strip_prefix("RssFile:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+                .unwrap()
+        };
+        let before = file_kib(&status());
+        let released = release_startup_pages().expect("madvise");
+        assert!(released > 0, "nothing of the executable was resident");
+        // Code runs again (this very function's, and the formatting below) from the file.
+        let after = file_kib(&status());
+        assert!(after < before, "RssFile {before} kB before, {after} kB after");
+    }
+}
