@@ -336,6 +336,10 @@ pub(crate) struct Reading {
     pub(crate) stable: bool,
 }
 
+/// The exact-heap series of `--exact-baseline`: its label, its levels' readings, the reading
+/// after every quota was deleted.
+pub(crate) type ExactBaseline = (String, Vec<(usize, Reading)>, Option<Reading>);
+
 #[derive(Default)]
 pub(crate) struct Results {
     pub(crate) readings: BTreeMap<(usize, Config), Reading>,
@@ -348,8 +352,8 @@ pub(crate) struct Results {
     /// every one of those quotas was deleted.
     pub(crate) exact: Vec<(usize, Reading)>,
     pub(crate) exact_after: Option<Reading>,
-    /// `--exact-baseline`: the same series with the other build (its label, levels, after).
-    pub(crate) exact_baseline: Option<(String, Vec<(usize, Reading)>, Option<Reading>)>,
+    /// `--exact-baseline`: the same series with the other build.
+    pub(crate) exact_baseline: Option<ExactBaseline>,
     /// `--cost-runs`: (kcp with its quota controller, without it), in the order read.
     pub(crate) cost: Vec<(Reading, Reading)>,
     pub(crate) timeline: Vec<(String, Duration)>,

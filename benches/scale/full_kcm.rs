@@ -132,7 +132,7 @@ async fn measure_one(
     } else {
         wait_synced(client, data, &quotas, &config.name(), started).await;
     }
-    tokio::time::sleep(args.settle.max(SETTLE_MIN)).await;
+    tokio::time::sleep(settle(args)).await;
     churn(client, data).await;
     if config == Config::AllButQuota {
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -158,9 +158,16 @@ async fn measure_one(
     readings
 }
 
-/// Past lazyquota's drop of its start-up pages (10 s after it is ready), so the reading is of
-/// what stays resident.
-const SETTLE_MIN: Duration = Duration::from_secs(15);
+/// How long after the first sync the processes are left alone: past lazyquota's drop of its
+/// start-up pages (10 s after it is ready), so the reading is of what stays resident, except in
+/// the bounded run, which only checks that everything runs.
+fn settle(args: &Args) -> Duration {
+    if args.quick {
+        args.settle
+    } else {
+        args.settle.max(Duration::from_secs(15))
+    }
+}
 /// The index of the pods [`churn`] creates and deletes, above any the data has.
 const CHURN_POD: usize = 1_000_000;
 
@@ -271,7 +278,7 @@ pub(crate) fn write_results(args: &Args, results: &FullResults) {
         args.objects_per_crd,
         args.constrained,
         args.repeats,
-        args.settle.max(SETTLE_MIN).as_secs(),
+        settle(args).as_secs(),
         common::binary_note(),
         common::commit(),
     );

@@ -1,5 +1,5 @@
-//! The admin server behind delegated authentication, and HTTP/2 streams spread over
-//! connections.
+//! The admin server behind delegated authentication, HTTP/2 streams spread over connections,
+//! and the process's start-up code unmapped once it is ready.
 
 use super::*;
 
@@ -267,4 +267,71 @@ async fn a_server_allowing_fewer_streams_than_our_share_gets_more_connections_an
     for ns in namespaces {
         ns.delete().await.expect("delete namespace");
     }
+}
+
+/// The `RssFile:` of a process, in KiB.
+fn rss_file_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("status")
+        .lines()
+        .find_map(|l| l.strip_prefix("RssFile:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("RssFile")
+}
+
+/// Once ready, lazyquota drops its executable's pages from its page tables (src/pages.rs):
+/// its file-backed resident memory falls, and it goes on counting and writing, running code it
+/// faults back in from the page cache. With `--keep-startup-pages` nothing is dropped.
+#[tokio::test]
+async fn the_start_up_code_is_unmapped_once_ready_and_the_controller_goes_on() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cp = ControlPlane::get(Flavor::LazyquotaOnly);
+    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "pages")
+        .await
+        .expect("namespace");
+    let quotas = ns.api::<ResourceQuota>();
+    quotas
+        .create(&PostParams::default(), &quota("q", &[("count/secrets", "10")]))
+        .await
+        .expect("quota");
+    let dropped = "dropped the executable's start-up pages";
+    let keeping = Lazyquota::start(cp.kubeconfig(), &["--keep-startup-pages"]);
+    let process = Lazyquota::start(cp.kubeconfig(), &[]);
+    used_becomes(&quotas, "q", "count/secrets", "0")
+        .await
+        .expect("the quota computed");
+    let before = rss_file_kib(process.child.id());
+    let logged = eventually(Duration::from_mins(1), || async {
+        process.log().contains(dropped).then_some(())
+    })
+    .await;
+    assert!(logged.is_some(), "no drop logged: {}", process.log());
+    let after = rss_file_kib(process.child.id());
+    assert!(
+        after < before,
+        "file-backed RSS {before} KiB when ready, {after} KiB after the drop"
+    );
+    assert!(
+        !keeping.log().contains(dropped),
+        "--keep-startup-pages dropped them: {}",
+        keeping.log()
+    );
+    drop(keeping);
+    ns.api::<k8s_openapi::api::core::v1::Secret>()
+        .create(
+            &PostParams::default(),
+            &k8s_openapi::api::core::v1::Secret {
+                metadata: ObjectMeta {
+                    name: Some("after-the-drop".into()),
+                    ..ObjectMeta::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("secret");
+    used_becomes(&quotas, "q", "count/secrets", "1")
+        .await
+        .expect("the secret counted after the drop");
+    ns.delete().await.expect("delete namespace");
 }
