@@ -3,7 +3,8 @@
 //! jemalloc's defaults suit allocation-heavy programs with many threads. lazyquota's work is one
 //! task, allocating in bursts (a relist, a discovery run) between long quiet spells, so two of
 //! them are changed at start, through `mallctl`. jemalloc's `malloc_conf` symbol would set them
-//! at once, but exporting it needs `unsafe`, which the workspace forbids.
+//! at once, but exporting it needs `unsafe`, which the workspace denies (its one exception is
+//! `src/pages.rs`'s `madvise`).
 //!
 //! - **One arena.** jemalloc gives each thread one of 4 × CPUs arenas, each keeping its own
 //!   partly filled slabs, dirty pages and metadata; every thread here allocates from the first

@@ -55,6 +55,9 @@ pub(crate) struct Args {
     /// `--exact-baseline LABEL=PATH`: the exact-heap series again with another lazyquota
     /// build (an earlier commit's), on the same shard and data right after the first.
     pub(crate) exact_baseline: Option<(String, PathBuf)>,
+    /// `--exact-own-watches`: the exact-heap series again with `--kcp-shared-watch-threshold 0`
+    /// (every engaged workspace its own watch, never a share of a shared one).
+    pub(crate) exact_own_watches: bool,
     pub(crate) out: PathBuf,
     pub(crate) quick: bool,
     /// `--shards N` (N ≥ 2): the run across a sharded kcp (`crate::sharded`); 0: one shard.
@@ -88,6 +91,7 @@ impl Args {
                 shared_threshold: 2,
                 exact_steps: 2,
                 exact_baseline: None,
+                exact_own_watches: false,
                 poll: Duration::from_millis(500),
                 out: std::env::temp_dir().join("lazyquota-bench-kcp-quick"),
                 quick,
@@ -111,6 +115,7 @@ impl Args {
                 shared_threshold: 2,
                 exact_steps: 4,
                 exact_baseline: None,
+                exact_own_watches: false,
                 poll: Duration::from_secs(2),
                 out: repo().join("benches/results/kcp"),
                 quick,
@@ -139,6 +144,7 @@ impl Args {
                 "--out" => a.out = PathBuf::from(value()),
                 "--shared-threshold" => a.shared_threshold = num(value()),
                 "--exact-steps" => a.exact_steps = num(value()),
+                "--exact-own-watches" => a.exact_own_watches = true,
                 "--exact-baseline" => {
                     let value = value();
                     let (label, path) = value
@@ -153,7 +159,7 @@ impl Args {
                     "unknown flag {other} (--quick, --latency-only, --workspaces, --exports, --providers, \
                      --bindings-per-workspace, --objects, --quota-percent, --samples, --concurrency, \
                      --settle, --settle-max, --lq-settle, --shared-threshold, --exact-steps, --exact-baseline, \
-                     --cost-runs, --shards, --out)"
+                     --exact-own-watches, --cost-runs, --shards, --out)"
                 ),
             }
         }
@@ -220,8 +226,9 @@ impl Args {
             !self.latency_only
                 && self.cost_runs == 0
                 && !given("--exact-steps")
-                && self.exact_baseline.is_none(),
-            "--latency-only, --cost-runs, --exact-steps and --exact-baseline are the one-shard run's"
+                && self.exact_baseline.is_none()
+                && !self.exact_own_watches,
+            "--latency-only, --cost-runs and --exact-* are the one-shard run's"
         );
     }
 }
@@ -336,9 +343,9 @@ pub(crate) struct Reading {
     pub(crate) stable: bool,
 }
 
-/// The exact-heap series of `--exact-baseline`: its label, its levels' readings, the reading
-/// after every quota was deleted.
-pub(crate) type ExactBaseline = (String, Vec<(usize, Reading)>, Option<Reading>);
+/// A further exact-heap series (`--exact-baseline`, `--exact-own-watches`): what it ran, its
+/// levels' readings, the reading after every quota was deleted.
+pub(crate) type ExactSeries = (String, Vec<(usize, Reading)>, Option<Reading>);
 
 #[derive(Default)]
 pub(crate) struct Results {
@@ -352,8 +359,8 @@ pub(crate) struct Results {
     /// every one of those quotas was deleted.
     pub(crate) exact: Vec<(usize, Reading)>,
     pub(crate) exact_after: Option<Reading>,
-    /// `--exact-baseline`: the same series with the other build.
-    pub(crate) exact_baseline: Option<ExactBaseline>,
+    /// The same series again: with `--exact-baseline`'s build, with own watches.
+    pub(crate) exact_more: Vec<ExactSeries>,
     /// `--cost-runs`: (kcp with its quota controller, without it), in the order read.
     pub(crate) cost: Vec<(Reading, Reading)>,
     pub(crate) timeline: Vec<(String, Duration)>,

@@ -92,9 +92,7 @@ pub(crate) fn exact_section(md: &mut String, args: &Args, plan: &Plan, r: &Resul
             .map_or(f64::NAN, |l| l.shared),
         r.exact.last().map_or(f64::NAN, |(n, _)| *n as f64),
     );
-    if let Some((label, levels, after)) = &r.exact_baseline
-        && levels.len() >= 2
-    {
+    for (label, levels, after) in r.exact_more.iter().filter(|(_, levels, _)| levels.len() >= 2) {
         let _ = writeln!(
             md,
             "\n### The same series with {label}\n\nRight after the one above, on the same shard and data, \

@@ -214,25 +214,32 @@ pub(crate) async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
         drop(lq);
         if s == last && args.exact_steps > 0 && !args.latency_only {
             let t = Instant::now();
-            (res.exact, res.exact_after) =
-                exact_series(&mut shard, &plan, &clusters, args, dir, bin, "exact").await;
+            (res.exact, res.exact_after) = exact_series(
+                &mut shard,
+                &plan,
+                &clusters,
+                args,
+                dir,
+                (bin, "exact", args.shared_threshold),
+            )
+            .await;
             res.timeline
                 .push((format!("B={b}: exact-heap series"), t.elapsed()));
+            let mut more: Vec<(String, &Path, usize)> = Vec::new();
             if let Some((label, baseline)) = &args.exact_baseline {
+                more.push((label.clone(), baseline, args.shared_threshold));
+            }
+            if args.exact_own_watches {
+                more.push(("own watches (--kcp-shared-watch-threshold 0)".into(), bin, 0));
+            }
+            for (i, (label, binary, threshold)) in more.into_iter().enumerate() {
                 let t = Instant::now();
-                let (levels, after) = exact_series(
-                    &mut shard,
-                    &plan,
-                    &clusters,
-                    args,
-                    dir,
-                    baseline,
-                    "exact-baseline",
-                )
-                .await;
-                res.exact_baseline = Some((label.clone(), levels, after));
+                let tag = format!("exact-{i}");
+                let (levels, after) =
+                    exact_series(&mut shard, &plan, &clusters, args, dir, (binary, &tag, threshold)).await;
                 res.timeline
                     .push((format!("B={b}: exact-heap series, {label}"), t.elapsed()));
+                res.exact_more.push((label, levels, after));
             }
         }
         if s == last && args.cost_runs > 0 {
@@ -278,19 +285,11 @@ pub(crate) async fn exact_series(
     clusters: &[String],
     args: &Args,
     dir: &Path,
-    bin: &Path,
-    label: &str,
+    (bin, label, shared_threshold): (&Path, &str, usize),
 ) -> (Vec<(usize, Reading)>, Option<Reading>) {
     let k = plan.per_workspace;
     let quotas: Vec<(usize, String)> = (0..clusters.len()).map(|i| (i, plan.key(i, i % k))).collect();
-    let mut lq = Lazyquota::start(
-        shard,
-        dir,
-        bin,
-        label,
-        args.shared_threshold,
-        Some("tcache:false"),
-    );
+    let mut lq = Lazyquota::start(shard, dir, bin, label, shared_threshold, Some("tcache:false"));
     let patience = Duration::from_secs(300 + quotas.len() as u64);
     let who = "lazyquota (exact heap)";
     // The warm-up also proves lazyquota listed the shard before the first reading.
