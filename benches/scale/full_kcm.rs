@@ -25,7 +25,10 @@ use std::{
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client, api::DeleteParams};
 
-use crate::common::{self, stats::median};
+use crate::common::{
+    self,
+    stats::{median, slope},
+};
 use crate::data::{Data, create_core};
 use crate::measure::{fresh_quotas, wait_synced};
 use crate::plan::{Args, Controller};
@@ -144,18 +147,44 @@ async fn measure_one(
     // controller's share: collect first, then read.
     kcm.collect_garbage().await;
     tokio::time::sleep(Duration::from_secs(1)).await;
+    // Three readings 2 s apart, averaged: RSS moves within one process's life too.
+    let mut taken = Vec::new();
+    for i in 0..READINGS {
+        if i > 0 {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        taken.push((
+            kcm.reading().await,
+            match &lazy {
+                Some(process) => Some(process.reading().await),
+                None => None,
+            },
+        ));
+    }
     let readings = Readings {
-        kcm: kcm.reading().await,
-        lazy: match &lazy {
-            Some(process) => Some(process.reading().await),
-            None => None,
-        },
+        kcm: average(taken.iter().map(|t| t.0)),
+        lazy: lazy.as_ref().map(|_| average(taken.iter().filter_map(|t| t.1))),
     };
     if let Some(process) = lazy {
         process.stop();
     }
     kcm.stop();
     readings
+}
+
+/// Readings of each process per start, averaged.
+const READINGS: usize = 3;
+
+fn average(readings: impl Iterator<Item = Reading>) -> Reading {
+    let all: Vec<Reading> = readings.collect();
+    let n = all.len() as f64;
+    let mean = |f: fn(&Reading) -> f64| all.iter().map(f).sum::<f64>() / n;
+    Reading {
+        tasks: mean(|r| r.tasks),
+        heap_bytes: mean(|r| r.heap_bytes),
+        rss_bytes: mean(|r| r.rss_bytes),
+        anon_bytes: mean(|r| r.anon_bytes),
+    }
 }
 
 /// How long after the first sync the processes are left alone: past lazyquota's drop of its
@@ -234,21 +263,24 @@ fn mib(bytes: f64) -> f64 {
     bytes / 1_048_576.0
 }
 
-/// Where a saving measured at increasing N first turns positive: linear between the two N it
-/// lies between; `None` when it is never positive.
-fn break_even(points: &[(usize, f64)]) -> Option<String> {
-    if let Some(&(n, s)) = points.first()
-        && s > 0.0
-    {
-        return Some(format!("positive from the smallest N measured ({n})"));
+/// A least-squares line through `points`: (intercept, slope).
+fn line(points: &[(f64, f64)]) -> (f64, f64) {
+    let b = slope(points.iter().copied());
+    let n = points.len() as f64;
+    let (mx, my) = points
+        .iter()
+        .fold((0.0, 0.0), |(x, y), (px, py)| (x + px / n, y + py / n));
+    (my - b * mx, b)
+}
+
+/// Where the saving `intercept + slope × N` turns positive, in words.
+fn break_even((intercept, slope): (f64, f64)) -> String {
+    match (intercept > 0.0, slope > 0.0) {
+        (true, true) => format!("positive at every N (fitted {:+.1} MiB at N = 0)", mib(intercept)),
+        (false, true) => format!("N = {:.0}", -intercept / slope),
+        (true, false) => format!("positive up to N = {:.0} only", -intercept / slope),
+        (false, false) => "never (the fitted saving does not grow with N)".into(),
     }
-    points.windows(2).find_map(|w| {
-        let ((n0, s0), (n1, s1)) = (w[0], w[1]);
-        (s0 <= 0.0 && s1 > 0.0).then(|| {
-            let at = n0 as f64 + (n1 - n0) as f64 * (-s0) / (s1 - s0);
-            format!("about N = {at:.0} (between {n0} and {n1}, linear)")
-        })
-    })
 }
 
 pub(crate) fn write_results(args: &Args, results: &FullResults) {
@@ -262,7 +294,7 @@ pub(crate) fn write_results(args: &Args, results: &FullResults) {
          with `--controllers '*,-resourcequota-controller'`; C: B and `lazyquota run --mode lazy` side by side. Each \
          configuration started fresh {} time(s) per N in a rotating order; {} s after its quotas were synced \
          (B: after KCM served /healthz) a pod was created and deleted in every namespace (refused under B, \
-         whose quotas have no status), and the processes were read once the quotas said so again, KCM's garbage collected first (`/debug/pprof/heap?debug=1&gc=1`). Medians, with the range of RSS over the repeats. Tasks are \
+         whose quotas have no status), and the processes were read once the quotas said so again, KCM's garbage collected first (`/debug/pprof/heap?debug=1&gc=1`). Each process read three times 2 s apart and averaged; medians over the starts, with the range of RSS. Tasks are \
          goroutines for KCM and tokio alive tasks for lazyquota; heap is Go's heap in use for KCM and jemalloc's \
          allocated bytes for lazyquota. {}. Commit: `{}`.\n",
         std::env::args()
@@ -331,11 +363,10 @@ pub(crate) fn write_results(args: &Args, results: &FullResults) {
         let _ = writeln!(
             md,
             "\n### {}\n\n\
-             | N | KCM's quota controller: goroutines / RSS / anon MiB | lazyquota: tasks / RSS / anon MiB | saving RSS MiB | saving anon RSS MiB | beside: RSS / anon MiB |\n\
+             | N | KCM's quota controller: goroutines / heap / RSS / anon MiB | lazyquota: tasks / heap / RSS / anon MiB | saving RSS MiB | saving anon RSS MiB | beside: RSS / anon MiB |\n\
              |---|---|---|---|---|---|",
             config.name()
         );
-        let (mut rss_points, mut anon_points) = (Vec::new(), Vec::new());
         for &n in &args.crds {
             let (Some(a), Some(b), Some(c), Some(lazy)) = (
                 kcm_of(n, Config::All),
@@ -346,15 +377,15 @@ pub(crate) fn write_results(args: &Args, results: &FullResults) {
                 continue;
             };
             let (saving_rss, saving_anon) = (a.rss - b.rss - lazy.rss, a.anon - b.anon - lazy.anon);
-            rss_points.push((n, saving_rss));
-            anon_points.push((n, saving_anon));
             let _ = writeln!(
                 md,
-                "| {n} | {:+.0} / {:+.1} / {:+.1} | {:.0} / {:.1} / {:.1} | {:+.1} | {:+.1} | {:+.1} / {:+.1} |",
+                "| {n} | {:+.0} / {:+.1} / {:+.1} / {:+.1} | {:.0} / {:.1} / {:.1} / {:.1} | {:+.1} | {:+.1} | {:+.1} / {:+.1} |",
                 a.tasks - b.tasks,
+                mib(a.heap - b.heap),
                 mib(a.rss - b.rss),
                 mib(a.anon - b.anon),
                 lazy.tasks,
+                mib(lazy.heap),
                 mib(lazy.rss),
                 mib(lazy.anon),
                 mib(saving_rss),
@@ -363,20 +394,42 @@ pub(crate) fn write_results(args: &Args, results: &FullResults) {
                 mib(a.anon - c.anon - lazy.anon),
             );
         }
-        let say = |points: &[(usize, f64)]| {
-            break_even(points).unwrap_or_else(|| {
-                format!(
-                    "not positive at any N measured (up to {})",
-                    points.last().map_or(0, |p| p.0)
-                )
-            })
+        // Every reading, not the medians: one line per process, their difference the saving.
+        let points = |c: Config, lazy: bool, f: fn(&Reading) -> f64| -> Vec<(f64, f64)> {
+            results
+                .iter()
+                .filter(|((_, config), _)| *config == c)
+                .flat_map(|((n, _), v)| {
+                    v.iter()
+                        .filter_map(move |r| if lazy { r.lazy } else { Some(r.kcm) })
+                        .map(move |r| (*n as f64, f(&r)))
+                })
+                .collect()
         };
-        let _ = writeln!(
-            md,
-            "\nBreak-even (the N from which the saving is positive): RSS {}; anonymous RSS {}.",
-            say(&rss_points),
-            say(&anon_points)
-        );
+        for (what, f) in [
+            ("RSS", (|r: &Reading| r.rss_bytes) as fn(&Reading) -> f64),
+            ("Anonymous RSS", |r: &Reading| r.anon_bytes),
+        ] {
+            let (a, b, l) = (
+                line(&points(Config::All, false, f)),
+                line(&points(Config::AllButQuota, false, f)),
+                line(&points(config, true, f)),
+            );
+            let saving = (a.0 - b.0 - l.0, a.1 - b.1 - l.1);
+            let _ = writeln!(
+                md,
+                "\n{what}, least squares over every reading: KCM's quota controller {:+.1} MiB + {:.1} KiB per \
+                 CRD, lazyquota {:.1} MiB + {:.1} KiB per CRD; the saving {:+.1} MiB + {:.1} KiB per CRD. \
+                 Break-even: {}.",
+                mib(a.0 - b.0),
+                (a.1 - b.1) / 1024.0,
+                mib(l.0),
+                l.1 / 1024.0,
+                mib(saving.0),
+                saving.1 / 1024.0,
+                break_even(saving),
+            );
+        }
     }
     std::fs::write(args.out.join("full-kcm.md"), &md).expect("write full-kcm.md");
     println!("{md}");
