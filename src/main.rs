@@ -207,7 +207,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on --metrics-addr {metrics_addr}"))?;
     #[cfg(target_os = "linux")]
-    let pages = (!keep_startup_pages).then(|| tokio::spawn(release_startup_pages_when_ready(admin.clone())));
+    let pages = (!keep_startup_pages).then(|| tokio::spawn(pages::release_when_ready(admin.clone())));
     #[cfg(not(target_os = "linux"))]
     let _ = keep_startup_pages;
     let server = tokio::spawn(server::serve(listener, admin, tls, stopped()));
@@ -253,25 +253,6 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     info!("stopped");
     result
-}
-
-/// Once lazyquota is ready (every served cluster's quotas listed, or standing by), and a while
-/// after so that the first writes, watches and scrapes have run, drops the start-up code from
-/// the page tables (`pages`).
-#[cfg(target_os = "linux")]
-async fn release_startup_pages_when_ready(admin: server::Admin) {
-    const AFTER_READY: std::time::Duration = std::time::Duration::from_secs(10);
-    while !server::ready(&admin).await.0 {
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    }
-    tokio::time::sleep(AFTER_READY).await;
-    match pages::release_startup_pages() {
-        Ok(kib) => info!(
-            resident_kib = kib,
-            "dropped the executable's start-up pages from the page tables"
-        ),
-        Err(error) => warn!(%error, "cannot drop the executable's start-up pages (they stay mapped)"),
-    }
 }
 
 /// Waits for the Lease, then runs the controller while holding it. Losing the Lease ends

@@ -14,6 +14,8 @@
 
 use std::io;
 
+use crate::server::{Admin, ready};
+
 /// One mapping of the executable that `MADV_DONTNEED` may drop: not writable and without a
 /// private (anonymous) page, so every page reads back from the file exactly as it was.
 #[derive(Debug, PartialEq, Eq)]
@@ -95,6 +97,24 @@ pub fn release_startup_pages() -> io::Result<u64> {
         released += mapping.resident_kib;
     }
     Ok(released)
+}
+
+/// Once lazyquota is ready (every served cluster's quotas listed, or standing by), and a while
+/// after so that the first writes, watches and scrapes have run, drops the start-up code from
+/// the page tables.
+pub async fn release_when_ready(admin: Admin) {
+    const AFTER_READY: std::time::Duration = std::time::Duration::from_secs(10);
+    while !ready(&admin).await.0 {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+    tokio::time::sleep(AFTER_READY).await;
+    match release_startup_pages() {
+        Ok(kib) => tracing::info!(
+            resident_kib = kib,
+            "dropped the executable's start-up pages from the page tables"
+        ),
+        Err(error) => tracing::warn!(%error, "cannot drop the executable's start-up pages (they stay mapped)"),
+    }
 }
 
 #[cfg(test)]

@@ -1,3 +1,5 @@
+//! Tests of the discovery schedule: when each served cluster's discovery runs.
+
 use std::collections::BTreeSet;
 
 use proptest::prelude::*;

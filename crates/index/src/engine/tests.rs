@@ -1,3 +1,5 @@
+//! Tests of the Engine: quotas, objects and watch events in, computed statuses out.
+
 use k8s_openapi::{
     api::core::v1::{ConfigMap, ResourceQuota, ResourceQuotaSpec},
     apimachinery::pkg::api::resource::Quantity as K8sQuantity,

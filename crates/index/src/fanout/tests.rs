@@ -1,3 +1,5 @@
+//! Tests of the kcp fan-out: a shared watch's events to each subscribed logical cluster.
+
 use std::{
     cell::RefCell,
     collections::{BTreeMap, VecDeque},

@@ -1,3 +1,5 @@
+//! Tests of the watch planner: which watches one (cluster, resource type) should have.
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::{

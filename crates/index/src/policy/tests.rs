@@ -1,3 +1,5 @@
+//! Tests of the PolicyIndex: quotas in, reference-counted demand out.
+
 use proptest::prelude::*;
 
 use super::*;

@@ -1,3 +1,5 @@
+//! Tests of the UsageStore: identities and projections per partition.
+
 use proptest::prelude::*;
 
 use super::*;

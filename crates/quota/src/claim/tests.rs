@@ -1,3 +1,5 @@
+//! Tests of the resourceclaims evaluator: claims and device classes to the keys they charge.
+
 use k8s_openapi::api::resource::v1::{
     DeviceClaim, DeviceRequest, DeviceSubRequest, ExactDeviceRequest, ResourceClaimSpec,
 };

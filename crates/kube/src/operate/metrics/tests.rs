@@ -1,3 +1,5 @@
+//! Tests of the Prometheus metrics: names, units and labels.
+
 use super::*;
 
 #[test]
