@@ -109,11 +109,15 @@ pub async fn release_when_ready(admin: Admin) {
     }
     tokio::time::sleep(AFTER_READY).await;
     match release_startup_pages() {
-        Ok(kib) => tracing::info!(
-            resident_kib = kib,
-            "dropped the executable's start-up pages from the page tables"
-        ),
-        Err(error) => tracing::warn!(%error, "cannot drop the executable's start-up pages (they stay mapped)"),
+        Ok(kib) => {
+            tracing::info!(
+                resident_kib = kib,
+                "dropped the executable's start-up pages from the page tables"
+            );
+        }
+        Err(error) => {
+            tracing::warn!(%error, "cannot drop the executable's start-up pages (they stay mapped)");
+        }
     }
 }
 

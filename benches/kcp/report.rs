@@ -13,12 +13,11 @@ use std::{
 
 use crate::common::{
     self,
-    stats::{ms, percentile, slope},
+    stats::{ms, percentile},
 };
 use crate::latency::{Case, Samples};
 use crate::plan::{
-    Args, Config, ENGAGED, HARD, KcpFigures, LATENCY_PATIENCE, LqFigures, NS, Plan, Reading, Results, SAMPLE,
-    STANDING, WINDOW,
+    Args, Config, HARD, KcpFigures, LATENCY_PATIENCE, NS, Plan, Reading, Results, SAMPLE, STANDING, WINDOW,
 };
 
 /// One row of lazyquota's figures in configuration 3 (`base`: configuration 2 at that step).
