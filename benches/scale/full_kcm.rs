@@ -297,12 +297,8 @@ pub(crate) fn write_results(args: &Args, results: &FullResults) {
          whose quotas have no status), and the processes were read once the quotas said so again, KCM's garbage collected first (`/debug/pprof/heap?debug=1&gc=1`). Each process read three times 2 s apart and averaged; medians over the starts, with the range of RSS. Tasks are \
          goroutines for KCM and tokio alive tasks for lazyquota; heap is Go's heap in use for KCM and jemalloc's \
          allocated bytes for lazyquota. {}. Commit: `{}`.\n",
-        std::env::args()
-            .skip(1)
-            .filter(|a| a != "--bench")
-            .collect::<Vec<_>>()
-            .join(" "),
-        std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
+        common::arguments(),
+        common::cores(),
         args.pods,
         args.services,
         args.pvcs,

@@ -24,12 +24,8 @@ pub(crate) fn write_results(args: &Args, results: &Results) {
          lazyquota — so compare RSS and anonymous RSS (`VmRSS`, `RssAnon` from /proc) across them. KCM runs with \
          `--kube-api-qps 1000 --kube-api-burst 2000` (client-go's default 20/30 would throttle it; lazyquota has \
          no client-side limiter). The order of the controllers is reversed at every other N. {}. Commit: `{}`.\n",
-        std::env::args()
-            .skip(1)
-            .filter(|a| a != "--bench")
-            .collect::<Vec<_>>()
-            .join(" "),
-        std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
+        common::arguments(),
+        common::cores(),
         args.pods,
         args.services,
         args.pvcs,

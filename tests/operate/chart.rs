@@ -107,16 +107,7 @@ async fn prometheus_scrapes_the_active_watch_gauge() {
         .await
         .expect("controller running");
     ns.api::<k8s_openapi::api::core::v1::Secret>()
-        .create(
-            &PostParams::default(),
-            &k8s_openapi::api::core::v1::Secret {
-                metadata: ObjectMeta {
-                    name: Some("one".into()),
-                    ..ObjectMeta::default()
-                },
-                ..Default::default()
-            },
-        )
+        .create(&PostParams::default(), &secret("one"))
         .await
         .expect("secret");
     used_becomes(&quotas, "q", "count/secrets", "1")

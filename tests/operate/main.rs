@@ -36,6 +36,17 @@ use tokio::sync::Mutex;
 static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 const WAIT: Duration = Duration::from_secs(30);
 
+/// A Secret named `name`, with nothing in it: an object any quota can count.
+fn secret(name: &str) -> k8s_openapi::api::core::v1::Secret {
+    k8s_openapi::api::core::v1::Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        ..Default::default()
+    }
+}
+
 /// Applies the plain manifests rendered from the chart (namespace `lazyquota`).
 fn apply_chart(cp: &ControlPlane) {
     let manifests = std::fs::read_to_string(concat!(

@@ -159,13 +159,6 @@ async fn http2_streams_spread_over_connections_at_the_per_connection_limit() {
         .await
         .expect("quota");
     let secrets = ns.api::<k8s_openapi::api::core::v1::Secret>();
-    let secret = |name: &str| k8s_openapi::api::core::v1::Secret {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        ..Default::default()
-    };
 
     for (per_connection, secret_name, count, want) in
         [("2", "one", "1", 4..usize::MAX), ("64", "two", "2", 1..2)]
@@ -318,16 +311,7 @@ async fn the_start_up_code_is_unmapped_once_ready_and_the_controller_goes_on() {
     );
     drop(keeping);
     ns.api::<k8s_openapi::api::core::v1::Secret>()
-        .create(
-            &PostParams::default(),
-            &k8s_openapi::api::core::v1::Secret {
-                metadata: ObjectMeta {
-                    name: Some("after-the-drop".into()),
-                    ..ObjectMeta::default()
-                },
-                ..Default::default()
-            },
-        )
+        .create(&PostParams::default(), &secret("after-the-drop"))
         .await
         .expect("secret");
     used_becomes(&quotas, "q", "count/secrets", "1")
