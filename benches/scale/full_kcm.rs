@@ -197,6 +197,7 @@ fn settle(args: &Args) -> Duration {
         args.settle.max(Duration::from_secs(15))
     }
 }
+
 /// The index of the pods [`churn`] creates and deletes, above any the data has.
 const CHURN_POD: usize = 1_000_000;
 
