@@ -405,6 +405,13 @@ pub(crate) fn write_results(args: &Args, results: &FullResults) {
                 line(&points(config, true, f)),
             );
             let saving = (a.0 - b.0 - l.0, a.1 - b.1 - l.1);
+            if !saving.0.is_finite() || !saving.1.is_finite() {
+                let _ = writeln!(
+                    md,
+                    "\n{what}: break-even unknown (a line needs readings at two N or more)."
+                );
+                continue;
+            }
             let _ = writeln!(
                 md,
                 "\n{what}, least squares over every reading: KCM's quota controller {:+.1} MiB + {:.1} KiB per \
