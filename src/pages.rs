@@ -12,7 +12,7 @@
 //! `unsafe`: `madvise` takes a raw address range. This is the binary's only unsafe code; the
 //! library crates forbid it.
 
-use std::io;
+use std::{io, time::Duration};
 
 use crate::server::{Admin, ready};
 
@@ -25,48 +25,59 @@ struct Clean {
     resident_kib: u64,
 }
 
+/// One mapping of `/proc/self/smaps` being read.
+struct Mapping {
+    start: usize,
+    end: usize,
+    writable: bool,
+    resident_kib: u64,
+    /// Its private pages; `None` until smaps says (then it is not dropped).
+    anonymous_kib: Option<u64>,
+}
+
+impl Mapping {
+    fn clean(&self) -> Option<Clean> {
+        (!self.writable && self.anonymous_kib == Some(0)).then_some(Clean {
+            start: self.start,
+            len: self.end - self.start,
+            resident_kib: self.resident_kib,
+        })
+    }
+}
+
 /// The executable's clean mappings, from `/proc/self/smaps` text and the executable's path.
 fn clean_mappings(smaps: &str, exe: &str) -> Vec<Clean> {
     let mut found = Vec::new();
-    // (range, writable, resident KiB, anonymous KiB) of the mapping being read.
-    let mut current: Option<(usize, usize, bool, u64, u64)> = None;
-    let mut finish = |current: Option<(usize, usize, bool, u64, u64)>| {
-        if let Some((start, end, writable, rss, anonymous)) = current
-            && !writable
-            && anonymous == 0
-        {
-            found.push(Clean {
-                start,
-                len: end - start,
-                resident_kib: rss,
-            });
-        }
-    };
+    let mut current: Option<Mapping> = None;
     for line in smaps.lines() {
         let mut fields = line.split_whitespace();
         let Some(first) = fields.next() else { continue };
         if let Some((start, end)) = first.split_once('-')
             && let (Ok(start), Ok(end)) = (usize::from_str_radix(start, 16), usize::from_str_radix(end, 16))
         {
-            finish(current.take());
+            found.extend(current.take().and_then(|m| m.clean()));
             let perms = fields.next().unwrap_or("");
             // offset, device, inode, then the path (which may hold spaces).
             let path = fields.skip(3).collect::<Vec<_>>().join(" ");
-            if path == exe {
-                current = Some((start, end, perms.contains('w'), 0, u64::MAX));
-            }
+            current = (path == exe).then(|| Mapping {
+                start,
+                end,
+                writable: perms.contains('w'),
+                resident_kib: 0,
+                anonymous_kib: None,
+            });
             continue;
         }
-        let kib = || fields.clone().next().and_then(|v| v.parse::<u64>().ok());
-        if let Some((_, _, _, rss, anonymous)) = current.as_mut() {
+        let kib = fields.next().and_then(|v| v.parse::<u64>().ok());
+        if let Some(mapping) = current.as_mut() {
             match first {
-                "Rss:" => *rss = kib().unwrap_or(0),
-                "Anonymous:" => *anonymous = kib().unwrap_or(u64::MAX),
+                "Rss:" => mapping.resident_kib = kib.unwrap_or(0),
+                "Anonymous:" => mapping.anonymous_kib = kib,
                 _ => {}
             }
         }
     }
-    finish(current);
+    found.extend(current.and_then(|m| m.clean()));
     found
 }
 
@@ -103,9 +114,9 @@ pub fn release_startup_pages() -> io::Result<u64> {
 /// after so that the first writes, watches and scrapes have run, drops the start-up code from
 /// the page tables.
 pub async fn release_when_ready(admin: Admin) {
-    const AFTER_READY: std::time::Duration = std::time::Duration::from_secs(10);
+    const AFTER_READY: Duration = Duration::from_secs(10);
     while !ready(&admin).await.0 {
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
     tokio::time::sleep(AFTER_READY).await;
     match release_startup_pages() {

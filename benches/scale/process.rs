@@ -40,36 +40,28 @@ impl Drop for Process {
 }
 
 impl Process {
-    pub(crate) async fn metrics(&self) -> String {
+    /// GET `path` on the process's admin port (its serving certificate is self-signed).
+    async fn get(&self, path: &str) -> Result<String, kube::Error> {
         let mut config = kube::Config::new(self.metrics_url.parse().expect("url"));
         config.accept_invalid_certs = true;
-        let client = Client::try_from(config).expect("metrics client");
-        let request = http::Request::get("/metrics").body(Vec::new()).expect("request");
-        client.request_text(request).await.expect("metrics")
+        let client = Client::try_from(config)?;
+        let request = http::Request::get(path).body(Vec::new()).expect("request");
+        client.request_text(request).await
+    }
+
+    pub(crate) async fn metrics(&self) -> String {
+        self.get("/metrics").await.expect("metrics")
     }
 
     /// Whether the process answers `/healthz` with 200.
     pub(crate) async fn serving(&self) -> bool {
-        let mut config = kube::Config::new(self.metrics_url.parse().expect("url"));
-        config.accept_invalid_certs = true;
-        let Ok(client) = Client::try_from(config) else {
-            return false;
-        };
-        let request = http::Request::get("/healthz").body(Vec::new()).expect("request");
-        client.request_text(request).await.is_ok()
+        self.get("/healthz").await.is_ok()
     }
 
     /// A KCM's Go heap collected now (its profiling endpoint's `gc=1`), so that its heap in use
     /// is its live heap plus what was allocated since, not whatever the last cycle left.
     pub(crate) async fn collect_garbage(&self) {
-        let mut config = kube::Config::new(self.metrics_url.parse().expect("url"));
-        config.accept_invalid_certs = true;
-        let client = Client::try_from(config).expect("profiling client");
-        let request = http::Request::get("/debug/pprof/heap?debug=1&gc=1")
-            .body(Vec::new())
-            .expect("request");
-        client
-            .request_text(request)
+        self.get("/debug/pprof/heap?debug=1&gc=1")
             .await
             .expect("KCM's /debug/pprof/heap?gc=1");
     }
