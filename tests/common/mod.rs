@@ -32,6 +32,12 @@ static CONTROLLER_METRICS: std::sync::OnceLock<Metrics> = std::sync::OnceLock::n
 /// The value of counter `name` with label `label=value` in this test binary's controller's
 /// metrics (0 when absent).
 pub fn controller_counter(name: &str, label: &str, value: &str) -> f64 {
+    controller_counter_with(name, &[(label, value)])
+}
+
+/// The value of counter `name` of this test binary's controller whose labels include every
+/// pair of `labels` (0 when absent).
+pub fn controller_counter_with(name: &str, labels: &[(&str, &str)]) -> f64 {
     let Some(metrics) = CONTROLLER_METRICS.get() else {
         return 0.0;
     };
@@ -42,9 +48,9 @@ pub fn controller_counter(name: &str, label: &str, value: &str) -> f64 {
         .filter(|f| f.name() == name)
         .flat_map(|f| f.get_metric().iter())
         .filter(|m| {
-            m.get_label()
+            labels
                 .iter()
-                .any(|l| l.name() == label && l.value() == value)
+                .all(|(k, v)| m.get_label().iter().any(|l| l.name() == *k && l.value() == *v))
         })
         .map(|m| m.get_counter().get_value())
         .sum()

@@ -296,3 +296,58 @@ async fn a_namespace_deleted_with_quotas_releases_its_watches() {
     delete_crd(&client, &group, "shareds").await;
     kept.delete().await.expect("delete namespace");
 }
+
+/// A second quota on a type already watched, created while that watch is quiet: a count of
+/// the type's objects (more than one page of them, so the server's `remainingItemCount` is
+/// read) vouches for its new key, which is written at the count without waiting out the
+/// settling time.
+#[tokio::test]
+async fn a_second_quota_on_a_quiet_watch_is_vouched_for_by_a_count() {
+    let _snapshots = controller(Flavor::LazyquotaOnly, test_config());
+    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "counted")
+        .await
+        .expect("namespace");
+    let client = ns.client();
+    let group = format!("{}.lazyquota.test", unique_name("g"));
+    let widgets = create_crd(&client, &group, "widgets").await;
+    let key = format!("count/widgets.{group}");
+    let label = format!("widgets.{group}");
+    let quotas = ns.api::<ResourceQuota>();
+    quotas
+        .create(&PostParams::default(), &quota("first", &[(&key, "100")]))
+        .await
+        .expect("quota");
+    used_becomes(&quotas, "first", &key, "0")
+        .await
+        .expect("first quota written");
+    // More objects than one page of the count (50): the server says how many remain.
+    for i in 0..55 {
+        create_object(&client, &widgets, ns.name(), &format!("w{i}"))
+            .await
+            .expect("create");
+    }
+    used_becomes(&quotas, "first", &key, "55")
+        .await
+        .expect("55 counted");
+    let counts = |result: &str| {
+        common::controller_counter_with(
+            "lazyquota_object_counts_total",
+            &[("resource", &label), ("result", result)],
+        )
+    };
+    assert!(counts("vouched") < 1.0, "no new key yet");
+    quotas
+        .create(&PostParams::default(), &quota("second", &[(&key, "100")]))
+        .await
+        .expect("second quota");
+    used_becomes(&quotas, "second", &key, "55")
+        .await
+        .expect("the second quota counts what exists");
+    assert!(counts("failed") < 1.0, "the count failed on a real apiserver");
+    assert!(
+        counts("vouched") >= 1.0,
+        "the new key was written on a count, not after the settling time"
+    );
+    delete_crd(&client, &group, "widgets").await;
+    ns.delete().await.expect("delete namespace");
+}

@@ -18,6 +18,9 @@ pub enum Mutation {
     /// Found by the simulator: a key written lower, or for the first time, while the
     /// watches it is computed from had not caught up with the quota's last change.
     NoCatchUp,
+    /// A count of a new key's objects vouches for it whatever the list's resourceVersion,
+    /// though the quota moved past it (objects stored meanwhile are not in it).
+    StaleCount,
     /// 6: the old write policy — a write's response replaces the view held even when newer
     /// events came meanwhile, a quota event older than the view held replaces it, and a
     /// conflict waits (with backoff) for the quota watch instead of reading the quota afresh.

@@ -22,6 +22,7 @@
 //! timestamps (a pod's deletion grace).
 
 mod books;
+mod counts;
 mod discovery;
 mod hub;
 mod messages;
@@ -40,6 +41,7 @@ use lazyquota_quota::FeatureGates;
 use tracing::{debug, info, warn};
 
 pub use books::Books;
+pub use counts::{Counted, Counts};
 pub use discovery::Discovered;
 pub use hub::{Hub, MAX_JOINS, MAX_PENDING, Share, SharedEvent, SharedKey, SharedObject};
 pub use messages::{Effect, Input, Metric, Now};
@@ -195,6 +197,8 @@ pub struct Reconciler {
     quota_relist: Option<Vec<ResourceQuota>>,
     quotas_synced: bool,
     books: Books,
+    /// Counts asked for new keys of settling quotas whose watches are quiet.
+    counts: Counts,
     /// The origin of the milliseconds given to the lowering rule.
     epoch: Instant,
     next_resync: Option<Instant>,
@@ -229,6 +233,7 @@ impl Reconciler {
             quota_relist: None,
             quotas_synced: false,
             books: Books::default(),
+            counts: Counts::default(),
             epoch: now,
             next_resync: (!settings.resync_period.is_zero()).then(|| now + settings.resync_period),
             effects: Vec::new(),
@@ -287,6 +292,26 @@ impl Reconciler {
                 result,
             } => self.on_write(&key, precondition.as_deref(), result, now),
             Input::Read { key, result } => self.on_read(&key, result, now),
+            Input::Counted {
+                key,
+                resource,
+                result,
+            } => {
+                let answer = match &result {
+                    Ok(_) => "answered",
+                    Err(error) => {
+                        warn!(quota = %key, %resource, %error, "counting a new key's objects failed: the key waits out the settling time");
+                        "failed"
+                    }
+                };
+                self.effects.push(Effect::Metric(Metric::ObjectCount {
+                    resource: crate::planner::resource_label(&resource),
+                    result: answer,
+                }));
+                if self.counts.answered(&key, &resource, result.ok()) {
+                    self.queue.add(key, now.instant);
+                }
+            }
             Input::Shared { key, event } => {
                 let shares = self.hub.on_event(&key, event, now.instant, &mut self.effects);
                 for (id, item) in shares {

@@ -18,6 +18,7 @@
 
 pub(crate) mod api_changes;
 mod config;
+mod counts;
 pub mod discovery;
 pub mod events;
 pub mod members;
@@ -301,6 +302,20 @@ impl Controller {
                 Effect::Discover { cluster, groups } => self.discover(cluster, groups),
                 Effect::WriteStatus(write) => self.write_status(write),
                 Effect::ReadQuota(key) => self.read_quota(key),
+                Effect::CountObjects {
+                    key,
+                    served,
+                    namespace,
+                } => {
+                    let api = counts::api(
+                        &self.client,
+                        &self.route(&key.cluster),
+                        &served,
+                        namespace.as_deref(),
+                    );
+                    self.answers
+                        .push(counts::count(api, key, served.resource).boxed());
+                }
                 Effect::Event {
                     quota,
                     uid,

@@ -281,6 +281,20 @@ pub fn plan_key(key: &str, scopes: &QuotaScopes, gates: FeatureGates) -> KeyPlan
     KeyPlan { evaluators, needs }
 }
 
+/// The resource whose objects `key` counts one each, all of them, under a quota with
+/// `scopes`: a count any list of that resource gives, whatever the objects hold. `None` when
+/// the value needs more than a count (compute resources, `pods`, which leaves out terminal
+/// pods), the quota has scopes, or no one evaluator computes the key.
+pub fn counted_by_list(key: &str, scopes: &QuotaScopes, gates: FeatureGates) -> Option<GroupResource> {
+    if !scopes.is_empty() {
+        return None;
+    }
+    match plan_key(key, scopes, gates).needs.as_slice() {
+        [need] if need.projection == Projection::Metadata => Some(need.group_resource.clone()),
+        _ => None,
+    }
+}
+
 /// The evaluators of a controller: the static ones of `NewEvaluators` and a generic object
 /// count for every discovered resource without one (`SyncMonitors`). Like upstream,
 /// evaluators are never removed.

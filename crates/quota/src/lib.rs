@@ -38,7 +38,7 @@ pub mod usage;
 pub use claim::{ClaimProjection, DeviceClassMap, claim_matches_key, claim_usage, verified_owner};
 pub use evaluator::{
     Evaluator, KeyPlan, Projection, Registry, UsagePlan, WatchNeed, calculate_object_count_usage,
-    evaluator_for_resource, evaluators_for_key, plan_key,
+    counted_by_list, evaluator_for_resource, evaluators_for_key, plan_key,
 };
 pub use gates::FeatureGates;
 pub use intern::Interner;

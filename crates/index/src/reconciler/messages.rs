@@ -6,10 +6,10 @@ use std::{collections::BTreeSet, sync::Arc, time::Instant};
 use k8s_openapi::api::core::v1::ResourceQuota;
 use lazyquota_quota::Time;
 
-use super::{ClusterEvent, Discovered, Failure, QuotaEvent, SharedEvent, SharedKey, StatusWrite};
+use super::{ClusterEvent, Counted, Discovered, Failure, QuotaEvent, SharedEvent, SharedKey, StatusWrite};
 use crate::{
     engine::Projected,
-    keys::{ClusterName, QuotaKey},
+    keys::{ClusterName, GroupResource, QuotaKey},
     planner::WatchKey,
     resolver::ServedResource,
     watches::{Item, ObjectEvent},
@@ -73,6 +73,15 @@ pub enum Input {
         /// The quota, or the failure.
         result: Result<ResourceQuota, Failure>,
     },
+    /// A count ([`Effect::CountObjects`]) was answered.
+    Counted {
+        /// The quota it was asked for.
+        key: QuotaKey,
+        /// The resource counted.
+        resource: GroupResource,
+        /// The list's resourceVersion and how many objects it had, or the error.
+        result: Result<Counted, String>,
+    },
     /// kcp: an event of a shared wildcard watch ([`Effect::OpenShared`]).
     Shared {
         /// The shared watch.
@@ -132,6 +141,17 @@ pub enum Effect {
     WriteStatus(StatusWrite),
     /// Read a quota afresh; answer with [`Input::Read`].
     ReadQuota(QuotaKey),
+    /// Count the objects of `served` a new quota key counts (one namespace's, or every
+    /// namespace's of the cluster) with a consistent list, metadata only; answer with
+    /// [`Input::Counted`]. The list's resourceVersion says how recent the count is.
+    CountObjects {
+        /// The quota it is for (its cluster is the one listed).
+        key: QuotaKey,
+        /// The type and version.
+        served: ServedResource,
+        /// The namespace; `None`: every namespace.
+        namespace: Option<String>,
+    },
     /// Record an Event on a quota.
     Event {
         /// The quota.
@@ -209,6 +229,14 @@ pub enum Metric {
     Engaged(usize),
     /// kcp: shared wildcard watches open now.
     SharedWatches(usize),
+    /// A count of a new key's objects (`answered`, `failed`), or a key it vouched for
+    /// (`vouched`: written at once instead of after the settling time).
+    ObjectCount {
+        /// Its resource label.
+        resource: String,
+        /// What came of it.
+        result: &'static str,
+    },
     /// kcp: a joining subscriber of the shared watch of this resource (label) buffered more
     /// than its bound and lists its share again.
     ShareOverflow(String),

@@ -203,6 +203,7 @@ impl Reconciler {
     fn forget_books(&mut self, key: &QuotaKey) {
         let name = key.to_string();
         self.books.forget_quotas(|q| q == name);
+        self.counts.forget(key);
     }
 
     pub(super) fn apply_quota(&mut self, quota: &ResourceQuota, now: Now) {
@@ -363,6 +364,7 @@ impl Reconciler {
         // theirs stands.
         let prefix = format!("{cluster}|");
         self.books.forget_quotas(|q| q.starts_with(&prefix));
+        self.counts.forget_cluster(cluster);
         self.effects.push(Effect::Disengaged(cluster.clone()));
     }
 }

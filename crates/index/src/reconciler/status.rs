@@ -1,7 +1,7 @@
 //! Computing a quota and writing its status: when to write, what a write's answer means (the
 //! 409/404/422 policy), and the shadow and withheld reports.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::{api::core::v1::ResourceQuota, apimachinery::pkg::api::resource::Quantity as K8sQuantity};
 use lazyquota_quota::{Quantity, QuantityList};
@@ -207,9 +207,10 @@ impl Reconciler {
     /// keys written lower or for the first time while a watch the quota is computed from has
     /// not come as far as the quota's resourceVersion ([`lowering::hold_until_caught_up`]):
     /// an object admitted before a key existed is not charged to it, so only the watch can
-    /// tell of it. Returns when to compute again.
+    /// tell of it — or, for a new key that counts every object of one resource, a count at or
+    /// past that version ([`super::counts`]), asked for here. Returns when to compute again.
     fn hold_until_caught_up(
-        &self,
+        &mut self,
         key: &QuotaKey,
         sources: &KeySources,
         decision: &mut lazyquota_quota::StatusDecision,
@@ -224,8 +225,49 @@ impl Reconciler {
         if now.instant >= settled {
             // Every object stored since has been charged to the quota, so the charges
             // (`hold_lowering`) cover what the watches have not delivered yet.
+            self.counts.forget(key);
             return None;
         }
+        let rv = entry.payload.view.0;
+        let (mut behind, countable) = self.behind_the_quota(key, sources, decision, now);
+        for (name, resource) in countable {
+            match self.counts.vouching(key, &resource, rv) {
+                Some(objects) => {
+                    if let Some(ours) = decision.used.get_mut(&name) {
+                        let counted = Quantity::from_count(objects);
+                        if Quantity::parse_k8s(ours).is_ok_and(|o| o < counted) {
+                            *ours = counted.to_k8s();
+                        }
+                    }
+                    debug!(quota = %key, key = %name, objects, "a count past the quota's version vouches for a new key");
+                    self.effects.push(Effect::Metric(Metric::ObjectCount {
+                        resource: crate::planner::resource_label(&resource),
+                        result: "vouched",
+                    }));
+                    behind.remove(&name);
+                }
+                None => self.ask_count(key, &resource, rv),
+            }
+        }
+        let entry = self.engine.index.get(key)?;
+        lowering::hold_until_caught_up(&entry.payload, |name| behind.contains(name), decision)
+            .then_some(settled)
+    }
+
+    /// The keys of `decision` the watches have not caught up with (see
+    /// [`Self::hold_until_caught_up`]), and of them the new ones that only a quiet watch holds
+    /// back and that a count of one resource computes (with that resource).
+    fn behind_the_quota(
+        &self,
+        key: &QuotaKey,
+        sources: &KeySources,
+        decision: &lazyquota_quota::StatusDecision,
+        now: Now,
+    ) -> (BTreeSet<String>, Vec<(String, GroupResource)>) {
+        let (mut behind, mut countable) = (BTreeSet::new(), Vec::new());
+        let Some(entry) = self.engine.index.get(key) else {
+            return (behind, countable);
+        };
         let (rv, at_ms) = entry.payload.view;
         let changed = self.epoch + std::time::Duration::from_millis(at_ms);
         let all = &**entry.demand_namespace() == crate::keys::ALL_NAMESPACES;
@@ -252,18 +294,55 @@ impl Reconciler {
                 theirs.is_empty() || theirs.iter().any(|r| resources.contains(r))
             })
         };
-        // Otherwise only the watches of a key's own objects can hold it back (a new key of
-        // another type is not kept waiting for a quiet watch it does not read).
-        let behind = |name: &str| {
+        let state = &entry.payload;
+        let stored = state.status_used.as_ref();
+        for name in decision.used.keys() {
+            // Otherwise only the watches of a key's own objects can hold it back (a new key of
+            // another type is not kept waiting for a quiet watch it does not read).
             let own = sources.of(name);
             let resources = own.as_deref().unwrap_or(&every);
-            recently_charged(resources)
-                || !self
-                    .watches
-                    .feeding(key, all, resources)
-                    .all(|w| w.observed >= rv || self.opened.get(&w.id).is_some_and(|at| *at >= changed))
+            if recently_charged(resources) {
+                behind.insert(name.clone());
+                continue;
+            }
+            let caught_up = self
+                .watches
+                .feeding(key, all, resources)
+                .all(|w| w.observed >= rv || self.opened.get(&w.id).is_some_and(|at| *at >= changed));
+            if caught_up {
+                continue;
+            }
+            behind.insert(name.clone());
+            // New: no value admission maintained, so nothing was charged to it.
+            let new = stored.and_then(|s| s.get(name)).is_none() || !state.maintained(name);
+            if let Some(resource) = lazyquota_quota::counted_by_list(name, &state.spec.scopes, gates)
+                && new
+                && own.as_deref() == Some(std::slice::from_ref(&resource))
+            {
+                countable.push((name.clone(), resource));
+            }
+        }
+        (behind, countable)
+    }
+
+    /// Asks for a count of `resource` for the quota at `revision`, once, within the bounds.
+    fn ask_count(&mut self, key: &QuotaKey, resource: &GroupResource, revision: u64) {
+        let Some(entry) = self.engine.index.get(key) else {
+            return;
         };
-        lowering::hold_until_caught_up(&entry.payload, behind, decision).then_some(settled)
+        let Some(served) = self.engine.resolver.get(&key.cluster, resource).cloned() else {
+            return;
+        };
+        let namespace = entry.demand_namespace();
+        let namespace = (&**namespace != crate::keys::ALL_NAMESPACES).then(|| namespace.to_string());
+        if self.counts.ask(key, resource, revision) {
+            debug!(quota = %key, %resource, revision, "a new key on a quiet watch: counting its objects");
+            self.effects.push(Effect::CountObjects {
+                key: key.clone(),
+                served,
+                namespace,
+            });
+        }
     }
 
     /// Whether a resource the quota needs is still on its first list (not failing, opened less

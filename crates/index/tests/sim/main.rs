@@ -268,3 +268,10 @@ fn mutation_a_failed_shared_watch_rejoined_by_share_lists_is_caught() {
 fn mutation_3_unbounded_share_lists_is_caught() {
     expect_caught_within(Mutation::UnboundedJoins, "bounds", 3_000);
 }
+
+/// It needs a count answered, then the quota moved on by a write of its other keys, a tenant's
+/// create in between and a slow watch: seed 6,966 is the first.
+#[test]
+fn mutation_a_count_older_than_the_quota_vouching_is_caught() {
+    expect_caught_within(Mutation::StaleCount, "safety", 8_000);
+}

@@ -13,12 +13,12 @@ use std::{
 
 use lazyquota_index::{
     engine::Projected,
-    keys::{ClusterName, GroupResource, Need, ObjectIds},
+    keys::{ClusterName, GroupResource, Need, ObjectIds, QuotaKey},
     mutation::{self, Mutation},
     planner::Mode,
     reconciler::{
-        ClusterEvent, Discovered, Effect, Failure, Input, Metric, Now, QuotaEvent, Reconciler, Settings,
-        SharedKey, StatusWrite,
+        ClusterEvent, Counted, Discovered, Effect, Failure, Input, Metric, Now, QuotaEvent, Reconciler,
+        Settings, SharedKey, StatusWrite,
     },
     resolver::ServedResource,
     watches::{Item, ObjectEvent},
@@ -136,6 +136,12 @@ enum Ev {
         key: SharedKey,
         generation: u64,
         cluster: ClusterName,
+        namespace: Option<String>,
+    },
+    /// A count of a new key's objects runs on the server.
+    ServeCount {
+        key: QuotaKey,
+        resource: GroupResource,
         namespace: Option<String>,
     },
 }
@@ -495,6 +501,11 @@ impl World {
                 cluster,
                 namespace,
             } => self.serve_share(key, generation, &cluster, namespace.as_deref()),
+            Ev::ServeCount {
+                key,
+                resource,
+                namespace,
+            } => self.serve_count(key, resource, namespace.as_deref()),
         }
     }
 }

@@ -102,6 +102,7 @@ pub struct Metrics {
     kcp_engaged: IntGauge,
     kcp_shared: IntGauge,
     kcp_share_overflows: IntCounterVec,
+    object_counts: IntCounterVec,
     quota_used: GaugeVec,
     quota_hard: GaugeVec,
     quota_ratio: GaugeVec,
@@ -294,6 +295,12 @@ impl Metrics {
                 "kcp: subscribers joining a shared watch that buffered more events than their bound while their share was listed, and list it again.",
                 &["resource"],
             ),
+            object_counts: counter(
+                &r,
+                "lazyquota_object_counts_total",
+                "Counts of a new quota key's objects on a quiet watch (answered, failed), and keys they let be written at once (vouched).",
+                &["resource", "result"],
+            ),
             quota_used: float_gauge_vec(
                 &r,
                 "lazyquota_quota_used",
@@ -391,6 +398,11 @@ impl Metrics {
             Metric::Engaged(clusters) => self.kcp_engaged(clusters),
             Metric::SharedWatches(watches) => self.kcp_shared_watches(watches),
             Metric::ShareOverflow(resource) => self.kcp_share_overflow(&resource),
+            Metric::ObjectCount { resource, result } => {
+                self.object_counts
+                    .with_label_values(&[resource.as_str(), result])
+                    .inc();
+            }
         }
     }
 

@@ -17,8 +17,8 @@ use lazyquota_quota::names::{self, QuotaResourceName, StorageClassResource};
 use lazyquota_quota::{
     Evaluator, FeatureGates, Format, GroupResource, Interner, PodProjection, Projection, PvcProjection,
     Quantity, QuotaObject, QuotaScopes, QuotaSpec, Registry, ResourceList, ScopeRequirement,
-    ServiceProjection, SpecProblem, Time, WatchNeed, assemble_status, calculate_usage, classify, plan_key,
-    pod_update_triggers, pvc_update_triggers, service_update_triggers,
+    ServiceProjection, SpecProblem, Time, WatchNeed, assemble_status, calculate_usage, classify,
+    counted_by_list, plan_key, pod_update_triggers, pvc_update_triggers, service_update_triggers,
 };
 use proptest::prelude::*;
 use serde_json::{Value, json};

@@ -281,3 +281,32 @@ fn watch_needs_table() {
         assert_eq!(!plan.evaluators.is_empty(), matched, "{rule}");
     }
 }
+
+#[test]
+fn a_key_is_counted_by_a_list_only_where_its_value_is_every_object_once() {
+    let none = QuotaScopes::none();
+    let scoped = QuotaScopes::from_k8s(Some(&["BestEffort".to_owned()]), None);
+    let counted = |key: &str, scopes: &QuotaScopes| counted_by_list(key, scopes, gates());
+    let widgets = GroupResource::new("example.io", "widgets");
+    assert_eq!(counted("count/widgets.example.io", &none), Some(widgets));
+    assert_eq!(
+        counted("configmaps", &none),
+        Some(GroupResource::core("configmaps"))
+    );
+    assert_eq!(counted("services", &none), Some(GroupResource::core("services")));
+    // count/pods counts terminal pods too; pods does not.
+    assert_eq!(counted("count/pods", &none), Some(GroupResource::core("pods")));
+    assert_eq!(counted("pods", &none), None, "pods leaves terminal pods out");
+    assert_eq!(counted("requests.cpu", &none), None, "a sum, not a count");
+    assert_eq!(
+        counted("services.loadbalancers", &none),
+        None,
+        "some services only"
+    );
+    assert_eq!(
+        counted("count/pods", &scoped),
+        None,
+        "a scope matches some objects only"
+    );
+    assert_eq!(counted("count/events", &none), None, "no evaluator");
+}

@@ -277,3 +277,126 @@ fn a_key_first_enforced_long_after_the_quota_appeared_settles_from_its_first_wri
     let effects = h.tick(crate::lowering::SETTLE_MS);
     assert_eq!(writes(&effects).len(), 1, "lowered once settled: {effects:?}");
 }
+
+/// A second quota counting ConfigMaps, created at resourceVersion 30 while the ConfigMap
+/// watch (synced at 3, two objects) is quiet; returns the effects of its first sync: a count
+/// asked for, and `status.hard` written without the held key (admission then refuses what
+/// would charge it), which the server answers at resourceVersion 31.
+fn second_quota_on_a_quiet_watch(h: &mut Harness) -> Vec<Effect> {
+    h.tick(crate::lowering::SETTLE_MS);
+    let mut created = quota(30, &[(CM, "10")], None);
+    created.metadata.name = Some("s".into());
+    created.metadata.uid = Some("uid-s".into());
+    h.feed(Input::Quota(QuotaEvent::Applied(created.clone())));
+    let effects = h.tick(1);
+    let w = writes(&effects);
+    assert_eq!(w.len(), 1, "{effects:?}");
+    assert_eq!(
+        (&w[0].key, w[0].used.len()),
+        (&second(), 0),
+        "the new key left out: {effects:?}"
+    );
+    created.metadata.resource_version = Some("31".into());
+    created.status = Some(ResourceQuotaStatus {
+        hard: Some(w[0].hard.clone()),
+        used: Some(BTreeMap::new()),
+    });
+    h.feed(Input::Written {
+        key: second(),
+        precondition: Some("30".into()),
+        result: Ok(created),
+    });
+    effects
+}
+
+fn second() -> QuotaKey {
+    QuotaKey::new(&ClusterName::new("c"), "ns", "s")
+}
+
+fn counted(revision: u64, objects: u64) -> Input {
+    Input::Counted {
+        key: second(),
+        resource: GroupResource::core("configmaps"),
+        result: Ok(Counted { revision, objects }),
+    }
+}
+
+fn counts_asked(effects: &[Effect]) -> Vec<(&QuotaKey, &str, Option<&str>)> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::CountObjects {
+                key,
+                served,
+                namespace,
+            } => Some((key, &*served.resource.resource, namespace.as_deref())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_new_key_on_a_quiet_watch_is_written_once_a_count_past_the_quota_vouches_for_it() {
+    let (mut h, _) = written_at_20();
+    let effects = second_quota_on_a_quiet_watch(&mut h);
+    let second_key = second();
+    assert_eq!(
+        counts_asked(&effects),
+        vec![(&second_key, "configmaps", Some("ns"))]
+    );
+    // That count (at 30) is older than the quota's version now (31, the write of
+    // status.hard): it vouches for nothing, and one is asked for the new version.
+    let effects = [h.feed(counted(30, 5)), h.tick(1)].concat();
+    assert!(
+        writes(&effects).is_empty(),
+        "a list older than the quota: {effects:?}"
+    );
+    assert_eq!(counts_asked(&effects).len(), 1, "{effects:?}");
+    // One past it, with an object the watch has not delivered yet: written at once, at the
+    // count (above the two the watch delivered).
+    let effects = [h.feed(counted(32, 3)), h.tick(1)].concat();
+    let w = writes(&effects);
+    assert_eq!(w.len(), 1, "{effects:?}");
+    assert_eq!((&w[0].key, &w[0].used), (&second(), &list(&[(CM, "3")])));
+    assert_eq!(w[0].precondition.as_deref(), Some("31"));
+}
+
+#[test]
+fn a_new_key_on_a_quiet_watch_whose_count_failed_waits_out_the_settling_time() {
+    let (mut h, _) = written_at_20();
+    let effects = second_quota_on_a_quiet_watch(&mut h);
+    assert_eq!(counts_asked(&effects).len(), 1);
+    h.feed(Input::Counted {
+        key: second(),
+        resource: GroupResource::core("configmaps"),
+        result: Err("list: 403".into()),
+    });
+    let effects = h.tick(1);
+    assert!(writes(&effects).is_empty(), "{effects:?}");
+    assert!(
+        counts_asked(&effects).is_empty(),
+        "a failure is not retried: {effects:?}"
+    );
+    let effects = h.tick(crate::lowering::SETTLE_MS);
+    let w = writes(&effects);
+    assert_eq!(w.len(), 1, "{effects:?}");
+    assert_eq!(w[0].used, list(&[(CM, "2")]));
+}
+
+#[test]
+fn a_count_does_not_vouch_for_a_key_to_be_lowered() {
+    // The first quota's key lowered on a quiet watch (a late delete) stays held: its stored
+    // value was charged by admission, and a charge's object may land after any list.
+    let (mut h, _) = written_at_20();
+    let id = h.watch_id();
+    h.feed(Input::Watch {
+        id,
+        item: Item::Delete(configmap("b", 4)),
+    });
+    let effects = h.tick(1);
+    assert!(writes(&effects).is_empty(), "held");
+    assert!(
+        !effects.iter().any(|e| matches!(e, Effect::CountObjects { .. })),
+        "no count asked for a key admission maintains: {effects:?}"
+    );
+}

@@ -109,6 +109,22 @@ impl World {
                     let delay = self.rng.range(1, 20);
                     self.at(delay, Ev::Answer(Input::Read { key, result }));
                 }
+                Effect::CountObjects {
+                    key,
+                    served,
+                    namespace,
+                } => {
+                    let delay = self.rng.range(1, 30);
+                    let resource = served.resource;
+                    self.at(
+                        delay,
+                        Ev::ServeCount {
+                            key,
+                            resource,
+                            namespace,
+                        },
+                    );
+                }
                 Effect::Metric(Metric::ShareOverflow(_)) => {
                     *self.report.fired.entry("share_overflow").or_default() += 1;
                 }

@@ -239,4 +239,45 @@ impl World {
             self.quota_changed(&key.0, &key.1, None);
         }
     }
+
+    /// A count runs: the objects of `resource` stored now in the quota's cluster (and
+    /// `namespace`), at the server's resourceVersion now; answered a moment later.
+    pub(super) fn serve_count(&mut self, key: QuotaKey, resource: GroupResource, namespace: Option<&str>) {
+        let res = Res::of(&resource.resource);
+        let forbidden = res.is_some_and(|r| {
+            self.forbidden_until
+                .get(&r)
+                .is_some_and(|until| *until > self.now)
+        });
+        let result = if self.main && self.rng.percent(10) {
+            self.fired("count_error");
+            Err("list: 500".to_owned())
+        } else if forbidden || !self.serves(key.cluster.as_str()) {
+            Err("list: 403".to_owned())
+        } else {
+            let objects = self
+                .server
+                .objects
+                .values()
+                .filter(|o| {
+                    let (c, ns) = split(&o.namespace);
+                    Some(o.res) == res && c == key.cluster.as_str() && namespace.is_none_or(|n| n == ns)
+                })
+                .count();
+            self.fired("count");
+            Ok(Counted {
+                revision: self.server.rv,
+                objects: objects as u64,
+            })
+        };
+        let delay = self.rng.range(1, 30);
+        self.at(
+            delay,
+            Ev::Answer(Input::Counted {
+                key,
+                resource,
+                result,
+            }),
+        );
+    }
 }

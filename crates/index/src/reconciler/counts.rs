@@ -1,0 +1,209 @@
+//! A new key whose watch is quiet, vouched for by a count of its objects.
+//!
+//! For [`crate::lowering::SETTLE_MS`] after a quota is created or gains a key, a key is
+//! written for the first time only once the watches of its objects have delivered an object at
+//! or past the quota's resourceVersion ([`crate::lowering::hold_until_caught_up`]): an object
+//! stored before the quota was charged to nobody and may still be on its way. A quiet watch
+//! delivers nothing, so a second quota on a type already watched waited the whole settling
+//! time.
+//!
+//! Where a key's value is one per object of one resource, every object of it (`count/<r>`,
+//! `configmaps`, …: [`lazyquota_quota::counted_by_list`]) and the quota is unscoped, a
+//! consistent list says what the quiet watch cannot: how many objects there are at a
+//! resourceVersion at or past the quota's. Every object stored by the quota's version is in
+//! it, and while the key has no value admission maintained, no object was charged to it (quota
+//! admission refuses what would charge a key of `status.hard` without a `used`, and does not
+//! charge one `status.hard` lacks), so nothing the write must cover is outside the list or the
+//! watch. The key is then written at once, at no less than that count. One list per quota
+//! version and resource; at most [`MAX_IN_FLIGHT`] at once; after a failed one the key waits
+//! out the settling time as before.
+
+use std::collections::BTreeMap;
+
+use crate::{
+    keys::{ClusterName, GroupResource, QuotaKey},
+    mutation::{Mutation, active},
+};
+
+/// Counts asked for and not yet answered, at most: beyond, a key waits out the settling time.
+pub const MAX_IN_FLIGHT: usize = 16;
+
+/// Counts kept at most (each only while its quota settles): beyond, none is asked for.
+pub const MAX_KEPT: usize = 1024;
+
+/// A count's answer: the list's resourceVersion and its objects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Counted {
+    /// The list's resourceVersion: the count is of the objects stored by then.
+    pub revision: u64,
+    /// How many objects it had.
+    pub objects: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Count {
+    /// Asked for the quota at this resourceVersion.
+    Asked(u64),
+    /// Asked for the quota at this resourceVersion and failed: not asked again for it.
+    Failed(u64),
+    /// Answered.
+    Known(Counted),
+}
+
+/// The counts asked for quotas still settling, per (quota, resource). An entry is small and
+/// lives from a quota's change until its settling time ends or it goes.
+#[derive(Debug, Default)]
+pub struct Counts {
+    counts: BTreeMap<(QuotaKey, GroupResource), Count>,
+}
+
+impl Counts {
+    /// How many objects of `resource` a count at or past `revision` (the quota's
+    /// resourceVersion) found, if one did.
+    pub fn vouching(&self, quota: &QuotaKey, resource: &GroupResource, revision: u64) -> Option<u64> {
+        match self.counts.get(&(quota.clone(), resource.clone())) {
+            Some(Count::Known(c)) if c.revision >= revision || active(Mutation::StaleCount) => {
+                Some(c.objects)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether to ask for a count of `resource` for the quota at `revision`: not asked (or
+    /// failed) at that version already, and within the bounds. Records the ask.
+    pub fn ask(&mut self, quota: &QuotaKey, resource: &GroupResource, revision: u64) -> bool {
+        let entry = (quota.clone(), resource.clone());
+        match self.counts.get(&entry) {
+            Some(Count::Asked(at) | Count::Failed(at)) if *at >= revision => return false,
+            Some(Count::Known(c)) if c.revision >= revision => return false,
+            None if self.counts.len() >= MAX_KEPT => return false,
+            _ => {}
+        }
+        let in_flight = self
+            .counts
+            .values()
+            .filter(|c| matches!(c, Count::Asked(_)))
+            .count();
+        if in_flight >= MAX_IN_FLIGHT {
+            return false;
+        }
+        self.counts.insert(entry, Count::Asked(revision));
+        true
+    }
+
+    /// Records an answer (`None`: the count failed); returns whether it vouches for anything (a
+    /// count, for a quota still waiting for one).
+    pub fn answered(&mut self, quota: &QuotaKey, resource: &GroupResource, counted: Option<Counted>) -> bool {
+        let Some(count) = self.counts.get_mut(&(quota.clone(), resource.clone())) else {
+            return false;
+        };
+        let Count::Asked(at) = *count else {
+            return false;
+        };
+        *count = counted.map_or(Count::Failed(at), Count::Known);
+        matches!(count, Count::Known(_))
+    }
+
+    /// Forgets the counts of a quota that settled, went, or was replaced.
+    pub fn forget(&mut self, quota: &QuotaKey) {
+        self.counts.retain(|(q, _), _| q != quota);
+    }
+
+    /// Forgets the counts of the quotas of a logical cluster let go.
+    pub fn forget_cluster(&mut self, cluster: &ClusterName) {
+        self.counts.retain(|(q, _), _| q.cluster != *cluster);
+    }
+
+    /// Counts kept now.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// Whether none is kept.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.counts.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quota(name: &str) -> QuotaKey {
+        QuotaKey::new(&ClusterName::new("c"), "ns", name)
+    }
+
+    #[test]
+    fn a_count_vouches_only_at_or_past_the_quotas_version_and_is_asked_once_per_version() {
+        let (q, r) = (quota("q"), GroupResource::core("configmaps"));
+        let mut counts = Counts::default();
+        assert!(counts.ask(&q, &r, 10));
+        assert!(!counts.ask(&q, &r, 10), "asked already at this version");
+        assert_eq!(counts.vouching(&q, &r, 10), None, "not answered yet");
+        assert!(counts.answered(
+            &q,
+            &r,
+            Some(Counted {
+                revision: 12,
+                objects: 3
+            })
+        ));
+        assert_eq!(counts.vouching(&q, &r, 12), Some(3));
+        assert_eq!(counts.vouching(&q, &r, 13), None, "the quota moved past the list");
+        assert!(counts.ask(&q, &r, 13), "asked again for the new version");
+        assert!(!counts.answered(&q, &r, None));
+        assert!(
+            !counts.ask(&q, &r, 13),
+            "a failed count is not asked again at that version"
+        );
+        assert_eq!(counts.vouching(&q, &r, 13), None);
+        counts.forget(&q);
+        assert!(counts.is_empty());
+    }
+
+    #[test]
+    fn counts_in_flight_and_kept_are_bounded() {
+        let r = GroupResource::core("configmaps");
+        let mut counts = Counts::default();
+        for i in 0..MAX_IN_FLIGHT {
+            assert!(counts.ask(&quota(&i.to_string()), &r, 1));
+        }
+        assert!(!counts.ask(&quota("one more"), &r, 1), "in flight is bounded");
+        assert!(counts.answered(
+            &quota("0"),
+            &r,
+            Some(Counted {
+                revision: 1,
+                objects: 0
+            })
+        ));
+        assert!(counts.ask(&quota("one more"), &r, 1), "an answer makes room");
+        let done = Some(Counted {
+            revision: 1,
+            objects: 0,
+        });
+        for i in 1..MAX_IN_FLIGHT {
+            counts.answered(&quota(&i.to_string()), &r, done);
+        }
+        counts.answered(&quota("one more"), &r, done);
+        for i in 0..MAX_KEPT {
+            let q = quota(&format!("kept {i}"));
+            if counts.ask(&q, &r, 1) {
+                counts.answered(
+                    &q,
+                    &r,
+                    Some(Counted {
+                        revision: 1,
+                        objects: 0,
+                    }),
+                );
+            }
+        }
+        assert_eq!(counts.len(), MAX_KEPT);
+        assert!(!counts.ask(&quota("beyond"), &r, 1), "kept is bounded");
+        counts.forget_cluster(&ClusterName::new("c"));
+        assert!(counts.is_empty());
+    }
+}
