@@ -187,6 +187,10 @@ impl Discoveries {
             };
             slot.running = true;
             slot.retries.retain(|r| *r > now);
+            if slot.retries.is_empty() {
+                // Most clusters spend their life with no retry pending: no capacity kept.
+                slot.retries = Vec::new();
+            }
             slot.poll_at = now + self.poll;
             self.running += 1;
             started.push(cluster);

@@ -35,5 +35,6 @@ pub mod queue;
 pub mod reconciler;
 pub mod resolver;
 pub mod sharing;
+pub mod sorted;
 pub mod store;
 pub mod watches;

@@ -83,11 +83,14 @@ pub enum ResolverChange {
 /// Cost: a kcp shard's engine holds one entry per served cluster, and its workspaces mostly
 /// serve the same types, so each distinct [`ServedResource`] is kept once (interned) and a
 /// cluster holds a sorted list of pointers to them: 8 bytes per type it serves, instead of
-/// ~600 (strings and verbs) each.
+/// ~600 (strings and verbs) each. Clusters that serve exactly the same types (workspaces with
+/// the same bindings) share one list, so such a cluster costs its map entry only.
 #[derive(Debug, Default)]
 pub struct Resolver {
     /// Per cluster, what it serves, sorted by resource.
-    clusters: HashMap<ClusterName, Vec<Arc<ServedResource>>>,
+    clusters: HashMap<ClusterName, Arc<[Arc<ServedResource>]>>,
+    /// Every list some cluster holds, once.
+    lists: HashSet<Arc<[Arc<ServedResource>]>>,
     /// Every served resource some cluster holds, once.
     interned: HashSet<Arc<ServedResource>>,
     /// kcp: cluster-scoped resources resolve too (its cluster-scoped quotas count them, e.g.
@@ -121,21 +124,24 @@ impl Resolver {
         served: impl IntoIterator<Item = ServedResource>,
         failed_groups: &[String],
     ) -> Vec<ResolverChange> {
-        let old = self.clusters.remove(cluster).unwrap_or_default();
+        let old = self
+            .clusters
+            .remove(cluster)
+            .unwrap_or_else(|| Arc::from(Vec::new()));
         let cluster_scoped = self.cluster_scoped;
         let mut new: BTreeMap<GroupResource, ServedResource> = served
             .into_iter()
             .filter(|s| s.quotable() || (cluster_scoped && s.countable()) || s.context())
             .map(|s| (s.resource.clone(), s))
             .collect();
-        for served in &old {
+        for served in old.iter() {
             let resource = &served.resource;
             if failed_groups.iter().any(|g| g == &resource.group) && !new.contains_key(resource) {
                 new.insert(resource.clone(), (**served).clone());
             }
         }
         let mut changes = Vec::new();
-        for was in &old {
+        for was in old.iter() {
             let resource = &was.resource;
             match new.get(resource) {
                 None => changes.push(ResolverChange::Gone(resource.clone())),
@@ -153,6 +159,13 @@ impl Resolver {
         );
         // In the map's order: sorted by resource.
         let held: Vec<Arc<ServedResource>> = new.into_values().map(|s| self.intern(s)).collect();
+        let held = if let Some(list) = self.lists.get(held.as_slice()) {
+            list.clone()
+        } else {
+            let list: Arc<[Arc<ServedResource>]> = Arc::from(held);
+            self.lists.insert(list.clone());
+            list
+        };
         self.clusters.insert(cluster.clone(), held);
         drop(old);
         self.prune();
@@ -169,8 +182,9 @@ impl Resolver {
         held
     }
 
-    /// Drops the copies no cluster holds any more.
+    /// Drops the lists and copies no cluster holds any more.
     fn prune(&mut self) {
+        self.lists.retain(|l| Arc::strong_count(l) > 1);
         self.interned.retain(|s| Arc::strong_count(s) > 1);
     }
 
@@ -202,7 +216,7 @@ impl Resolver {
         self.clusters
             .get(cluster)
             .into_iter()
-            .flatten()
+            .flat_map(|list| list.iter())
             .map(|s| &**s)
             .filter(move |s| s.quotable() || (cluster_scoped && s.countable()))
     }
@@ -229,6 +243,35 @@ mod tests {
                 .map(String::from)
                 .to_vec(),
         }
+    }
+
+    #[test]
+    fn clusters_serving_the_same_types_share_one_list_until_one_changes() {
+        let (a, b) = (ClusterName::new("a"), ClusterName::new("b"));
+        let mut resolver = Resolver::new();
+        let same = || [served("", "pods", "v1"), served("example.io", "widgets", "v1")];
+        resolver.replace(&a, same(), &[]);
+        resolver.replace(&b, same(), &[]);
+        assert_eq!(resolver.lists.len(), 1);
+        assert!(Arc::ptr_eq(&resolver.clusters[&a], &resolver.clusters[&b]));
+        resolver.replace(&b, [served("", "pods", "v1")], &[]);
+        assert_eq!(resolver.lists.len(), 2);
+        assert!(
+            resolver
+                .get(&a, &GroupResource::new("example.io", "widgets"))
+                .is_some()
+        );
+        assert!(
+            resolver
+                .get(&b, &GroupResource::new("example.io", "widgets"))
+                .is_none()
+        );
+        resolver.remove_cluster(&a);
+        assert_eq!(
+            (resolver.lists.len(), resolver.distinct()),
+            (1, 1),
+            "what no cluster holds goes"
+        );
     }
 
     #[test]

@@ -28,6 +28,7 @@ use crate::{
     keys::{ALL_NAMESPACES, ClusterName, GroupResource, Need, ObjectIds, QuotaKey},
     planner::{self, Mode, PlanSettings, WatchKey},
     resolver::ServedResource,
+    sorted::SortedSet,
     store::PartitionKey,
 };
 
@@ -59,7 +60,7 @@ pub struct Running {
     /// Its identity: items arrive tagged with it; a restarted watch gets a new one.
     pub id: u64,
     /// Namespaces whose partitions it fills (lazy mode).
-    pub namespaces: BTreeSet<Arc<str>>,
+    pub namespaces: SortedSet<Arc<str>>,
     /// Eager mode: it holds every namespace it sees.
     pub hold_all: bool,
     /// Listed completely at least once.
@@ -265,15 +266,24 @@ impl Watches {
             if running.hold_all {
                 continue;
             }
-            let added: Vec<Arc<str>> = namespaces.difference(&running.namespaces).cloned().collect();
-            let removed: Vec<Arc<str>> = running.namespaces.difference(namespaces).cloned().collect();
+            let added: Vec<Arc<str>> = namespaces
+                .iter()
+                .filter(|ns| !running.namespaces.contains(&***ns))
+                .cloned()
+                .collect();
+            let removed: Vec<Arc<str>> = running
+                .namespaces
+                .iter()
+                .filter(|ns| !namespaces.contains(*ns))
+                .cloned()
+                .collect();
             if added.iter().chain(&removed).any(|ns| &**ns == ALL_NAMESPACES) {
                 // Every namespace joins (or leaves) at once: a relist, not a fill per namespace.
                 self.stop(engine, &key, out);
                 continue;
             }
             for ns in &removed {
-                running.namespaces.remove(ns);
+                running.namespaces.remove(&**ns);
             }
             running.namespaces.extend(added.iter().cloned());
             let kind = store_kind(&key.resource, key.need);
@@ -361,7 +371,7 @@ impl Watches {
             key,
             Running {
                 id,
-                namespaces,
+                namespaces: namespaces.into_iter().collect(),
                 hold_all,
                 synced: false,
                 relisting: false,
@@ -478,7 +488,7 @@ impl Watches {
                     || engine
                         .index
                         .get(q)
-                        .is_some_and(|e| running.namespaces.contains(e.demand_namespace()))
+                        .is_some_and(|e| running.namespaces.contains(&**e.demand_namespace()))
             })
             .collect()
     }

@@ -100,6 +100,7 @@ pub struct Controller {
     streams: SelectAll<BoxStream<'static, (u64, WatchItem)>>,
     /// Requests whose answers are inputs: discoveries, fills, status writes, fresh reads.
     answers: FuturesUnordered<Answer>,
+    /// What every snapshot starts from: the cluster and the settings reported.
     stats: Snapshot,
     metrics: Metrics,
     recorder: Recorder,

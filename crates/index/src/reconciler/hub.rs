@@ -28,6 +28,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
     fmt,
+    sync::Arc,
     time::Instant,
 };
 
@@ -132,6 +133,8 @@ impl fanout::Sink for Share {
 }
 
 struct Shared {
+    /// Its key, once: each subscriber points at it.
+    key: Arc<SharedKey>,
     served: ServedResource,
     fanout: Fanout<Share>,
 }
@@ -146,7 +149,7 @@ pub struct Hub {
     shared: BTreeSet<GroupResource>,
     watches: BTreeMap<SharedKey, Shared>,
     /// Which shared watch each subscribed watch id reads.
-    subscribers: BTreeMap<u64, SharedKey>,
+    subscribers: BTreeMap<u64, Arc<SharedKey>>,
     /// Share lists waiting for a slot, each with when it may start (its backoff).
     waiting: VecDeque<(Instant, SharedKey, Join)>,
     /// Share lists running (at most [`MAX_JOINS`]).
@@ -265,15 +268,16 @@ impl Hub {
             self.watches.insert(
                 key.clone(),
                 Shared {
+                    key: Arc::new(key.clone()),
                     served: served.clone(),
                     fanout: Fanout::new(self.buffer),
                 },
             );
             effects.push(Effect::Metric(Metric::SharedWatches(self.watches.len())));
         }
-        self.subscribers.insert(watch, key.clone());
-        let share = Share::new(watch);
         let entry = self.watches.get_mut(&key).expect("inserted above");
+        self.subscribers.insert(watch, entry.key.clone());
+        let share = Share::new(watch);
         if let Some(join) = entry.fanout.subscribe(cluster, namespace, share) {
             self.queue_join(key, join, now);
         }
@@ -286,6 +290,7 @@ impl Hub {
         let Some(key) = self.subscribers.remove(&watch) else {
             return false;
         };
+        let key = SharedKey::clone(&key);
         let Some(entry) = self.watches.get_mut(&key) else {
             return true;
         };

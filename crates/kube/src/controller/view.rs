@@ -8,14 +8,16 @@ use lazyquota_index::keys::Need;
 use super::{Controller, QuotaKeyUsage, Snapshot, WatchInfo};
 
 impl Controller {
-    /// The state now; gauges are computed here, at scrape time.
-    pub(super) fn snapshot(&mut self) -> Snapshot {
+    /// The state now; gauges are computed here, at scrape time. Built afresh on what the
+    /// controller keeps (its cluster and settings): nothing of it stays between scrapes.
+    pub(super) fn snapshot(&self) -> Snapshot {
         let r = &self.reconciler;
+        let mut snapshot = self.stats.clone();
         let engine = r.engine();
         let books = r.books();
-        self.stats.quotas_synced = r.quotas_synced();
-        self.stats.quotas = engine.index.len();
-        self.stats.watches = r
+        snapshot.quotas_synced = r.quotas_synced();
+        snapshot.quotas = engine.index.len();
+        snapshot.watches = r
             .watches()
             .iter()
             .map(|(k, w)| WatchInfo {
@@ -26,7 +28,7 @@ impl Controller {
                 id: w.id,
             })
             .collect();
-        self.stats.held = engine.held_by_resource();
+        snapshot.held = engine.held_by_resource();
         let mut pending: BTreeMap<String, usize> = BTreeMap::new();
         for (cluster, resource) in engine.index.demanded() {
             if engine.resolver.knows(cluster) && engine.resolver.get(cluster, resource).is_none() {
@@ -34,21 +36,21 @@ impl Controller {
                     engine.index.computing(cluster, resource).len();
             }
         }
-        self.stats.pending = pending.into_iter().collect();
+        snapshot.pending = pending.into_iter().collect();
         let unavailable: BTreeSet<&String> =
             r.members().values().flat_map(|m| &m.unavailable_groups).collect();
-        self.stats.unavailable_groups = unavailable.into_iter().cloned().collect();
-        self.stats.disagreements.clone_from(&books.disagreements);
-        self.stats.shadow_verdicts.clone_from(&books.shadow_verdicts);
-        self.stats.shadow_unknown.clone_from(&books.shadow_unknown);
-        self.stats.withheld.clone_from(&books.withheld);
-        self.stats.unresolved.clone_from(&books.unresolved);
-        self.stats.quota_usage = if self.config.quota_usage_metrics {
+        snapshot.unavailable_groups = unavailable.into_iter().cloned().collect();
+        snapshot.disagreements.clone_from(&books.disagreements);
+        snapshot.shadow_verdicts.clone_from(&books.shadow_verdicts);
+        snapshot.shadow_unknown.clone_from(&books.shadow_unknown);
+        snapshot.withheld.clone_from(&books.withheld);
+        snapshot.unresolved.clone_from(&books.unresolved);
+        snapshot.quota_usage = if self.config.quota_usage_metrics {
             self.quota_usage()
         } else {
             Vec::new()
         };
-        self.stats.clone()
+        snapshot.clone()
     }
 
     /// The explain report of every served cluster (the planner's answer, as `lazyquota

@@ -201,7 +201,7 @@ impl Model {
                 .watches
                 .iter()
                 .filter(|(k, _)| k.resource == resource)
-                .map(|(k, r)| (k.clone(), r.namespaces.clone()))
+                .map(|(k, r)| (k.clone(), r.namespaces.iter().cloned().collect()))
                 .collect();
             prop_assert_eq!(&running, &plan, "{} watches", ty);
             let held: BTreeSet<Arc<str>> = self

@@ -1,0 +1,123 @@
+//! A set kept as a sorted `Vec`: one member costs its own size, where a B-tree set's first
+//! node is a few hundred bytes whatever it holds. For the per-watch and per-workspace sets
+//! that mostly hold one member (a watch's namespace); a set of thousands pays a shift per
+//! insert, and bulk changes go through [`SortedSet::extend`], which sorts once.
+
+use std::borrow::Borrow;
+
+/// A sorted, deduplicated `Vec` used as a set.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SortedSet<T>(Vec<T>);
+
+impl<T: Ord> SortedSet<T> {
+    /// An empty set (nothing allocated).
+    #[must_use]
+    pub fn new() -> Self {
+        Self(Vec::new())
+    }
+
+    fn find<Q: Ord + ?Sized>(&self, value: &Q) -> Result<usize, usize>
+    where
+        T: Borrow<Q>,
+    {
+        self.0.binary_search_by(|m| m.borrow().cmp(value))
+    }
+
+    /// Adds `value`; whether it was new.
+    pub fn insert(&mut self, value: T) -> bool {
+        match self.find(&value) {
+            Ok(_) => false,
+            Err(at) => {
+                if self.0.len() < 4 {
+                    self.0.reserve_exact(1);
+                }
+                self.0.insert(at, value);
+                true
+            }
+        }
+    }
+
+    /// Removes `value`; whether it was there.
+    pub fn remove<Q: Ord + ?Sized>(&mut self, value: &Q) -> bool
+    where
+        T: Borrow<Q>,
+    {
+        let Ok(at) = self.find(value) else { return false };
+        self.0.remove(at);
+        if self.0.is_empty() {
+            self.0 = Vec::new();
+        }
+        true
+    }
+
+    /// Whether `value` is a member.
+    pub fn contains<Q: Ord + ?Sized>(&self, value: &Q) -> bool
+    where
+        T: Borrow<Q>,
+    {
+        self.find(value).is_ok()
+    }
+
+    /// The members, in order.
+    pub fn iter(&self) -> std::slice::Iter<'_, T> {
+        self.0.iter()
+    }
+
+    /// How many members.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl<T: Ord> Extend<T> for SortedSet<T> {
+    /// Adds every value, sorting once.
+    fn extend<I: IntoIterator<Item = T>>(&mut self, values: I) {
+        self.0.extend(values);
+        self.0.sort_unstable();
+        self.0.dedup();
+        self.0.shrink_to_fit();
+    }
+}
+
+impl<T: Ord> FromIterator<T> for SortedSet<T> {
+    fn from_iter<I: IntoIterator<Item = T>>(values: I) -> Self {
+        let mut set = Self::new();
+        set.extend(values);
+        set
+    }
+}
+
+impl<'a, T> IntoIterator for &'a SortedSet<T> {
+    type Item = &'a T;
+    type IntoIter = std::slice::Iter<'a, T>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sorted_set_holds_each_member_once_in_order_and_exactly_while_small() {
+        let mut set: SortedSet<String> = ["b", "a", "b"].map(String::from).into_iter().collect();
+        assert_eq!(set.iter().map(String::as_str).collect::<Vec<_>>(), ["a", "b"]);
+        assert!(set.insert("c".into()));
+        assert!(!set.insert("a".into()));
+        assert!(set.contains("c") && !set.contains("d"));
+        assert!(set.remove("a") && !set.remove("a"));
+        assert_eq!(set.len(), 2);
+        let mut one = SortedSet::new();
+        one.insert(1_u8);
+        assert_eq!(one.0.capacity(), 1, "one member, one slot");
+        assert!(one.remove(&1) && one.is_empty() && one.0.capacity() == 0);
+    }
+}
