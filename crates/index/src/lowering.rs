@@ -224,7 +224,7 @@ pub fn hold_until_caught_up(
     let mut new = Vec::new();
     for (key, ours) in decision.used.iter_mut().filter(|(k, _)| behind(k)) {
         // A key admission did not charge is new too: its stored value is nobody's.
-        match stored.and_then(|s| s.get(key)).filter(|_| state.maintained(key)) {
+        match state.maintained_used(key) {
             None => new.push(key.clone()),
             Some(theirs) => match (Quantity::parse_k8s(ours), Quantity::parse_k8s(theirs)) {
                 (Ok(o), Ok(t)) if o < t => {

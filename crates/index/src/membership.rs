@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::keys::ClusterName;
+use crate::{keys::ClusterName, sorted::SortedSet};
 
 /// Whether a logical cluster in LogicalCluster `phase` is served (kcp v0.32.3's phases):
 ///
@@ -21,8 +21,8 @@ pub fn serves_phase(phase: &str) -> bool {
     !matches!(phase, "Inactive" | "Terminating" | "Deleting")
 }
 
-/// The (namespace, name) of a cluster's quotas, sorted.
-type QuotaNames = Vec<(Box<str>, Box<str>)>;
+/// The (namespace, name) of a cluster's quotas.
+type QuotaNames = SortedSet<(Box<str>, Box<str>)>;
 
 /// Which logical clusters to serve: those with a ResourceQuota whose LogicalCluster is not
 /// being deleted. Pure; fed from the two wildcard watches.
@@ -50,20 +50,16 @@ pub struct Membership {
 impl Membership {
     /// A quota exists (or changed).
     pub fn quota_applied(&mut self, cluster: ClusterName, namespace: &str, name: &str) {
-        let quotas = self.quotas.entry(cluster).or_default();
-        if let Err(at) = quotas.binary_search_by(|(ns, n)| (&**ns, &**n).cmp(&(namespace, name))) {
-            quotas.reserve_exact(1);
-            quotas.insert(at, (namespace.into(), name.into()));
-        }
+        self.quotas
+            .entry(cluster)
+            .or_default()
+            .insert((namespace.into(), name.into()));
     }
 
     /// A quota was deleted.
     pub fn quota_deleted(&mut self, cluster: &ClusterName, namespace: &str, name: &str) {
         if let Some(quotas) = self.quotas.get_mut(cluster) {
-            if let Ok(at) = quotas.binary_search_by(|(ns, n)| (&**ns, &**n).cmp(&(namespace, name))) {
-                quotas.remove(at);
-                quotas.shrink_to_fit();
-            }
+            quotas.remove(&(namespace.into(), name.into()));
             if quotas.is_empty() {
                 self.quotas.remove(cluster);
                 // Logical cluster names are not reused: forget a deleted one once nothing of
@@ -130,7 +126,7 @@ impl Membership {
 
     /// Quotas known in `cluster`.
     pub fn quotas_in(&self, cluster: &ClusterName) -> usize {
-        self.quotas.get(cluster).map_or(0, Vec::len)
+        self.quotas.get(cluster).map_or(0, SortedSet::len)
     }
 
     /// The workspace path of `cluster` (its LogicalCluster's `kcp.io/path` annotation).

@@ -23,6 +23,7 @@ use lazyquota_quota::{FeatureGates, QuotaScopes};
 use crate::{
     demand::{is_cluster_wide, needs, replenished_by},
     keys::{ALL_NAMESPACES, ClusterName, GroupResource, Need, QuotaKey},
+    sorted::SortedMap,
 };
 
 /// What the index needs to know of a ResourceQuota.
@@ -157,51 +158,9 @@ impl Refs {
 /// Demand of one resource in one cluster, per namespace.
 pub type NamespaceDemand = BTreeMap<Arc<str>, Need>;
 
-/// The references of each namespace demanding one (cluster, resource), sorted by namespace in
-/// a `Vec`: on kcp that is one namespace of one workspace, and a B-tree map's first node would
-/// be 320 bytes for it; a cluster with many namespaces pays a shift per insert, once.
-#[derive(Debug, Default)]
-struct NamespaceRefs(Vec<(Arc<str>, Refs)>);
-
-impl NamespaceRefs {
-    fn find(&self, namespace: &str) -> Result<usize, usize> {
-        self.0.binary_search_by(|(ns, _)| (**ns).cmp(namespace))
-    }
-
-    /// The references of `namespace`, added (none yet) if absent.
-    fn slot(&mut self, namespace: &Arc<str>) -> &mut Refs {
-        let at = match self.find(namespace) {
-            Ok(at) => at,
-            Err(at) => {
-                // Exactly one more while few: the common case is one namespace.
-                if self.0.len() < 4 {
-                    self.0.reserve_exact(1);
-                }
-                self.0.insert(at, (namespace.clone(), Refs::default()));
-                at
-            }
-        };
-        &mut self.0[at].1
-    }
-
-    fn remove(&mut self, namespace: &str) {
-        if let Ok(at) = self.find(namespace) {
-            self.0.remove(at);
-        }
-    }
-
-    fn get(&self, namespace: &str) -> Option<&Refs> {
-        self.find(namespace).ok().map(|at| &self.0[at].1)
-    }
-
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    fn iter(&self) -> impl Iterator<Item = (&Arc<str>, &Refs)> {
-        self.0.iter().map(|(ns, refs)| (ns, refs))
-    }
-}
+/// The references of each namespace demanding one (cluster, resource): on kcp that is one
+/// namespace of one workspace, and a B-tree map's first node would be 320 bytes for it.
+type NamespaceRefs = SortedMap<Arc<str>, Refs>;
 
 /// The index. `T` is whatever the caller keeps per quota (the parsed spec and status).
 #[derive(Debug)]
@@ -375,7 +334,7 @@ impl<T> PolicyIndex<T> {
                 .demand
                 .entry((cluster.clone(), resource.clone()))
                 .or_default();
-            let refs = namespaces.slot(namespace);
+            let refs = namespaces.get_or_default(namespace);
             let from = refs.need();
             if let Some(need) = was {
                 *refs.slot(*need) -= 1;

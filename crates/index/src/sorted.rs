@@ -1,7 +1,8 @@
-//! A set kept as a sorted `Vec`: one member costs its own size, where a B-tree set's first
-//! node is a few hundred bytes whatever it holds. For the per-watch and per-workspace sets
-//! that mostly hold one member (a watch's namespace); a set of thousands pays a shift per
-//! insert, and bulk changes go through [`SortedSet::extend`], which sorts once.
+//! A set and a map kept as sorted `Vec`s: one member costs its own size, where a B-tree's
+//! first node is a few hundred bytes whatever it holds. For the per-watch and per-workspace
+//! sets and maps that mostly hold one member (a watch's namespace, a workspace's quotas, the
+//! namespaces demanding a type); thousands pay a shift per insert, and bulk changes to a set
+//! go through [`SortedSet::extend`], which sorts once.
 
 use std::borrow::Borrow;
 
@@ -28,10 +29,7 @@ impl<T: Ord> SortedSet<T> {
         match self.find(&value) {
             Ok(_) => false,
             Err(at) => {
-                if self.0.len() < 4 {
-                    self.0.reserve_exact(1);
-                }
-                self.0.insert(at, value);
+                insert_exact(&mut self.0, at, value);
                 true
             }
         }
@@ -73,6 +71,75 @@ impl<T: Ord> SortedSet<T> {
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+}
+
+/// Inserts at `at`, growing by exactly one slot while the `Vec` is small (most hold one).
+fn insert_exact<T>(members: &mut Vec<T>, at: usize, value: T) {
+    if members.len() < 4 {
+        members.reserve_exact(1);
+    }
+    members.insert(at, value);
+}
+
+/// A sorted `Vec` of (key, value) used as a map.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SortedMap<K, V>(Vec<(K, V)>);
+
+impl<K: Ord, V> SortedMap<K, V> {
+    fn find<Q: Ord + ?Sized>(&self, key: &Q) -> Result<usize, usize>
+    where
+        K: Borrow<Q>,
+    {
+        self.0.binary_search_by(|(k, _)| k.borrow().cmp(key))
+    }
+
+    /// The value of `key`, if any.
+    pub fn get<Q: Ord + ?Sized>(&self, key: &Q) -> Option<&V>
+    where
+        K: Borrow<Q>,
+    {
+        self.find(key).ok().map(|at| &self.0[at].1)
+    }
+
+    /// The value of `key`, made with `V::default()` if absent.
+    pub fn get_or_default(&mut self, key: &K) -> &mut V
+    where
+        K: Clone,
+        V: Default,
+    {
+        let at = match self.find(key) {
+            Ok(at) => at,
+            Err(at) => {
+                insert_exact(&mut self.0, at, (key.clone(), V::default()));
+                at
+            }
+        };
+        &mut self.0[at].1
+    }
+
+    /// Removes `key`; its value, if it was there.
+    pub fn remove<Q: Ord + ?Sized>(&mut self, key: &Q) -> Option<V>
+    where
+        K: Borrow<Q>,
+    {
+        let at = self.find(key).ok()?;
+        let (_, value) = self.0.remove(at);
+        if self.0.is_empty() {
+            self.0 = Vec::new();
+        }
+        Some(value)
+    }
+
+    /// Whether it has no key.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The entries, in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.0.iter().map(|(k, v)| (k, v))
     }
 }
 
@@ -119,5 +186,22 @@ mod tests {
         one.insert(1_u8);
         assert_eq!(one.0.capacity(), 1, "one member, one slot");
         assert!(one.remove(&1) && one.is_empty() && one.0.capacity() == 0);
+    }
+
+    #[test]
+    fn a_sorted_map_keeps_one_value_per_key_in_order() {
+        let mut map: SortedMap<String, u32> = SortedMap::default();
+        *map.get_or_default(&"b".to_owned()) += 1;
+        *map.get_or_default(&"a".to_owned()) += 2;
+        *map.get_or_default(&"b".to_owned()) += 1;
+        assert_eq!(
+            map.iter().map(|(k, v)| (k.as_str(), *v)).collect::<Vec<_>>(),
+            [("a", 2), ("b", 2)]
+        );
+        assert_eq!(map.get("b"), Some(&2));
+        assert_eq!(map.remove("a"), Some(2));
+        assert_eq!((map.remove("a"), map.get("a")), (None, None));
+        assert_eq!(map.remove("b"), Some(2));
+        assert!(map.is_empty() && map.0.capacity() == 0);
     }
 }

@@ -1,7 +1,7 @@
 //! Quotas in the Engine: what is kept of each, and applying, deleting, resetting and
 //! recording them (the quota watch's events, admission's charges, our own writes).
 
-use k8s_openapi::api::core::v1::ResourceQuota;
+use k8s_openapi::{api::core::v1::ResourceQuota, apimachinery::pkg::api::resource::Quantity as K8sQuantity};
 use lazyquota_quota::{Quantities, Quantity, QuantityList, QuotaSpec, SpecProblem};
 
 use crate::{
@@ -108,6 +108,15 @@ impl QuotaState {
     /// in `status.hard` was written together with it and charged for every create since.
     pub fn maintained(&self, key: &str) -> bool {
         self.status_hard.as_ref().is_some_and(|h| h.contains_key(key))
+    }
+
+    /// The stored `status.used` value of `key`, if admission maintained it ([`Self::maintained`]);
+    /// `None`: the key is new to admission, and nothing was charged to it.
+    pub fn maintained_used(&self, key: &str) -> Option<&K8sQuantity> {
+        self.status_used
+            .as_ref()
+            .and_then(|s| s.get(key))
+            .filter(|_| self.maintained(key))
     }
 
     /// Whether `status.hard` has a key `old` lacked: from then on admission charges the key,

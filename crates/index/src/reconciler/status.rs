@@ -295,7 +295,6 @@ impl Reconciler {
             })
         };
         let state = &entry.payload;
-        let stored = state.status_used.as_ref();
         for name in decision.used.keys() {
             // Otherwise only the watches of a key's own objects can hold it back (a new key of
             // another type is not kept waiting for a quiet watch it does not read).
@@ -314,9 +313,8 @@ impl Reconciler {
             }
             behind.insert(name.clone());
             // New: no value admission maintained, so nothing was charged to it.
-            let new = stored.and_then(|s| s.get(name)).is_none() || !state.maintained(name);
             if let Some(resource) = lazyquota_quota::counted_by_list(name, &state.spec.scopes, gates)
-                && new
+                && state.maintained_used(name).is_none()
                 && own.as_deref() == Some(std::slice::from_ref(&resource))
             {
                 countable.push((name.clone(), resource));
