@@ -23,7 +23,7 @@ use lazyquota_quota::{FeatureGates, QuotaScopes};
 use crate::{
     demand::{is_cluster_wide, needs, replenished_by},
     keys::{ALL_NAMESPACES, ClusterName, GroupResource, Need, QuotaKey},
-    sorted::SortedMap,
+    sorted::{SortedMap, SortedSet},
 };
 
 /// What the index needs to know of a ResourceQuota.
@@ -169,9 +169,10 @@ pub struct PolicyIndex<T> {
     quotas: HashMap<QuotaKey, QuotaEntry<T>>,
     /// The quotas of each (cluster, namespace): events are routed to a namespace's quotas
     /// without scanning every quota of every namespace.
-    /// Each namespace's keys sorted in a `Vec` of exactly their number: a namespace usually
-    /// has one quota or a few, and a B-tree set's first node is several hundred bytes.
-    by_namespace: HashMap<ClusterName, HashMap<Arc<str>, Vec<QuotaKey>>>,
+    /// A cluster's namespaces and each one's keys in sorted `Vec`s: on kcp a workspace
+    /// usually has one namespace with quotas and one quota or a few, where a hash map's first
+    /// table is about 200 bytes and a B-tree's first node several hundred whatever it holds.
+    by_namespace: HashMap<ClusterName, SortedMap<Arc<str>, SortedSet<QuotaKey>>>,
     demand: BTreeMap<(ClusterName, GroupResource), NamespaceRefs>,
 }
 
@@ -235,16 +236,11 @@ impl<T> PolicyIndex<T> {
                 &mut changes,
             ),
         }
-        let keys = self
-            .by_namespace
+        self.by_namespace
             .entry(key.cluster.clone())
             .or_default()
-            .entry(namespace.clone())
-            .or_default();
-        if let Err(at) = keys.binary_search(&key) {
-            keys.reserve_exact(1);
-            keys.insert(at, key.clone());
-        }
+            .get_or_default(&namespace)
+            .insert(key.clone());
         self.quotas.insert(
             key,
             QuotaEntry {
@@ -271,9 +267,7 @@ impl<T> PolicyIndex<T> {
             if let Some(namespaces) = self.by_namespace.get_mut(&key.cluster)
                 && let Some(keys) = namespaces.get_mut(&*old.namespace)
             {
-                if let Ok(at) = keys.binary_search(key) {
-                    keys.remove(at);
-                }
+                keys.remove(key);
                 if keys.is_empty() {
                     namespaces.remove(&*old.namespace);
                 }

@@ -7,8 +7,15 @@
 use std::borrow::Borrow;
 
 /// A sorted, deduplicated `Vec` used as a set.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SortedSet<T>(Vec<T>);
+
+// By hand: a derived `Default` would ask `T: Default` of the members.
+impl<T> Default for SortedSet<T> {
+    fn default() -> Self {
+        Self(Vec::new())
+    }
+}
 
 impl<T: Ord> SortedSet<T> {
     /// An empty set (nothing allocated).
@@ -83,8 +90,14 @@ fn insert_exact<T>(members: &mut Vec<T>, at: usize, value: T) {
 }
 
 /// A sorted `Vec` of (key, value) used as a map.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SortedMap<K, V>(Vec<(K, V)>);
+
+impl<K, V> Default for SortedMap<K, V> {
+    fn default() -> Self {
+        Self(Vec::new())
+    }
+}
 
 impl<K: Ord, V> SortedMap<K, V> {
     fn find<Q: Ord + ?Sized>(&self, key: &Q) -> Result<usize, usize>
@@ -100,6 +113,14 @@ impl<K: Ord, V> SortedMap<K, V> {
         K: Borrow<Q>,
     {
         self.find(key).ok().map(|at| &self.0[at].1)
+    }
+
+    /// The value of `key` to change, if any.
+    pub fn get_mut<Q: Ord + ?Sized>(&mut self, key: &Q) -> Option<&mut V>
+    where
+        K: Borrow<Q>,
+    {
+        self.find(key).ok().map(|at| &mut self.0[at].1)
     }
 
     /// The value of `key`, made with `V::default()` if absent.
@@ -140,6 +161,11 @@ impl<K: Ord, V> SortedMap<K, V> {
     /// The entries, in key order.
     pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
         self.0.iter().map(|(k, v)| (k, v))
+    }
+
+    /// The values, in key order.
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.0.iter().map(|(_, v)| v)
     }
 }
 
@@ -199,6 +225,9 @@ mod tests {
             [("a", 2), ("b", 2)]
         );
         assert_eq!(map.get("b"), Some(&2));
+        *map.get_mut("b").expect("b") += 1;
+        assert_eq!(map.values().copied().collect::<Vec<_>>(), [2, 3]);
+        *map.get_mut("b").expect("b") -= 1;
         assert_eq!(map.remove("a"), Some(2));
         assert_eq!((map.remove("a"), map.get("a")), (None, None));
         assert_eq!(map.remove("b"), Some(2));
