@@ -36,7 +36,7 @@ pub(super) fn open(
     let api: Api<Routed<PartialObjectMeta<DynamicObject>>> =
         routed_api(root, &Route::wildcard(), None, api_resource(served));
     let events = watcher(api, watcher::Config::default())
-        .default_backoff()
+        .backoff(super::backoff::object_watch())
         .map(move |event| (key.clone(), shared_event(event)));
     let (events, abort) = futures::stream::abortable(events);
     (events.boxed(), abort)

@@ -104,7 +104,12 @@ pub fn open<T: Clone + Send + 'static>(
         }
         (Need::Typed, "resource.k8s.io", "deviceclasses") => {
             let api: Api<Routed<DeviceClass>> = Api::all_with(client.clone(), &(route.clone(), ()));
-            events(watcher(api, config).default_backoff().boxed(), device_class)
+            events(
+                watcher(api, config)
+                    .backoff(super::backoff::object_watch())
+                    .boxed(),
+                device_class,
+            )
         }
         _ => metadata(client, route, served, ns, config),
     };
@@ -141,7 +146,12 @@ where
         + 'static,
 {
     let api: Api<Routed<K>> = routed_api(client, route, namespace, ());
-    events(watcher(api, config).default_backoff().boxed(), project)
+    events(
+        watcher(api, config)
+            .backoff(super::backoff::object_watch())
+            .boxed(),
+        project,
+    )
 }
 
 /// The API of `K` under `route`, in `namespace` or across all of them.
@@ -170,9 +180,12 @@ fn metadata(
 ) -> BoxStream<'static, WatchItem> {
     let api: Api<Routed<PartialObjectMeta<DynamicObject>>> =
         routed_api(client, route, namespace, api_resource(served));
-    events(watcher(api, config).default_backoff().boxed(), |_| {
-        Projected::Meta
-    })
+    events(
+        watcher(api, config)
+            .backoff(super::backoff::object_watch())
+            .boxed(),
+        |_| Projected::Meta,
+    )
 }
 
 /// The dynamic type of a served resource.
