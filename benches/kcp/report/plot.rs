@@ -14,13 +14,17 @@ pub(crate) fn write(args: &Args, r: &Results, bs: &[usize]) {
          lq_heap_mib lq_rss_mib lq_watches kcp_watches_3_minus_2\n",
     );
     for (s, b) in bs.iter().enumerate() {
-        let get = |c| r.readings.get(&(s, c)).copied().unwrap_or_default();
-        let (one, two, three) = (
+        // A step without all three readings (a `--latency-only` run reads none; a run that
+        // stopped early lacks the last ones) has no row: zeros would plot as measured.
+        let get = |c| r.readings.get(&(s, c)).copied();
+        let (Some(one), Some(two), Some(three)) = (
             get(Config::KcpQuota),
             get(Config::KcpOnly),
             get(Config::Lazyquota),
-        );
-        let l = three.lq.unwrap_or_default();
+        ) else {
+            continue;
+        };
+        let Some(l) = three.lq else { continue };
         let _ = writeln!(
             dat,
             "{b} {:.0} {:.0} {:.0} {:.2} {:.2} {:.2} {:.2} {:.2} {:.2} {:.2} {:.0} {:.3} {:.2} {:.0} {:.0}",

@@ -22,7 +22,7 @@ pub const FIRST: Duration = Duration::from_millis(100);
 /// The longest wait, before jitter (kube's).
 pub const MAX: Duration = Duration::from_secs(30);
 /// Without a retry for this long, the next one waits [`FIRST`] again (kube's).
-const RESET_AFTER: Duration = Duration::from_secs(120);
+const RESET_AFTER: Duration = Duration::from_mins(2);
 
 /// A new backoff for one object watch.
 #[must_use]
