@@ -31,6 +31,9 @@ pub enum Mutation {
     /// their share again while it is still down, so a share listed meanwhile counts as
     /// current although the events after its list do not come until the watch is back.
     SharesRejoinFailedWatch,
+    /// A watch failing after its sync is reopened at once every time, so one whose list
+    /// succeeds but whose watch cannot start lists again and again without backoff.
+    RestartsWithoutBackoff,
 }
 
 #[cfg(feature = "mutations")]

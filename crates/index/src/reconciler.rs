@@ -27,6 +27,7 @@ mod discovery;
 mod hub;
 mod messages;
 mod quotas;
+mod restarts;
 mod status;
 #[cfg(test)]
 mod tests;
@@ -46,6 +47,7 @@ pub use discovery::Discovered;
 pub use hub::{Hub, MAX_JOINS, MAX_PENDING, Share, SharedEvent, SharedKey, SharedObject};
 pub use messages::{Effect, Input, Metric, Now};
 pub use quotas::{ClusterEvent, QuotaEvent};
+use restarts::Restarts;
 pub use status::{Failure, StatusWrite};
 
 use crate::{
@@ -193,6 +195,8 @@ pub struct Reconciler {
     opened: HashMap<u64, Instant>,
     /// kcp: the shard's shared watches.
     hub: Hub,
+    /// When watches failed after their sync are reopened (by watch id).
+    restarts: Restarts<u64, (crate::planner::WatchKey, crate::resolver::ServedResource)>,
     /// A relist of the quota watch in progress: the quotas so far.
     quota_relist: Option<Vec<ResourceQuota>>,
     quotas_synced: bool,
@@ -230,6 +234,7 @@ impl Reconciler {
             writing: HashMap::new(),
             opened: HashMap::new(),
             hub: Hub::new(shared_threshold, settings.shared_buffer.max(1)),
+            restarts: Restarts::default(),
             quota_relist: None,
             quotas_synced: false,
             books: Books::default(),
@@ -348,6 +353,12 @@ impl Reconciler {
             self.effects.push(Effect::Discover { cluster, groups });
         }
         self.hub.tick(now.instant, &mut self.effects);
+        for (id, (key, served)) in self.restarts.take_due(now.instant) {
+            if self.watches.is_running(id) {
+                info!(watch = %key, "watch reopened after its restart's wait");
+                self.effects.push(Effect::OpenWatch { id, key, served });
+            }
+        }
         if self.next_resync.is_some_and(|at| at <= now.instant) {
             self.next_resync = Some(now.instant + self.settings.resync_period);
             self.enqueue_all(now.instant);
@@ -394,6 +405,7 @@ impl Reconciler {
             self.discoveries.next_due(),
             self.next_resync,
             self.hub.next_wakeup(),
+            self.restarts.next_due(),
         ]
         .into_iter()
         .flatten()
@@ -535,16 +547,24 @@ impl Reconciler {
                     }
                 }
                 Action::Restart { id, key, served } => {
-                    info!(watch = %key, "watch failed after its sync: reopened to list afresh");
                     self.opened.insert(id, now.instant);
                     if !self.hub.unsubscribe(id, &mut self.effects) {
                         self.effects.push(Effect::CloseWatch { id });
                     }
-                    self.effects.push(Effect::OpenWatch { id, key, served });
+                    match self.restarts.restart(id, (key.clone(), served), now.instant) {
+                        Some((key, served)) => {
+                            info!(watch = %key, "watch failed after its sync: reopened to list afresh");
+                            self.effects.push(Effect::OpenWatch { id, key, served });
+                        }
+                        None => {
+                            info!(watch = %key, "watch failed again soon after a restart: reopened after a wait");
+                        }
+                    }
                 }
                 Action::Stop { id, key } => {
                     info!(watch = %key, "watch stopped");
                     self.opened.remove(&id);
+                    self.restarts.forget(&id);
                     if !self.hub.unsubscribe(id, &mut self.effects) {
                         self.effects.push(Effect::CloseWatch { id });
                     }

@@ -238,6 +238,12 @@ impl Watches {
         }
     }
 
+    /// Watch `id` is open (not stopped).
+    #[must_use]
+    pub fn is_running(&self, id: u64) -> bool {
+        self.by_id.contains_key(&id)
+    }
+
     /// The open watches.
     pub fn iter(&self) -> impl Iterator<Item = (&WatchKey, &Running)> {
         self.running.iter()

@@ -34,7 +34,7 @@ use std::{
 
 use tracing::{info, warn};
 
-use super::{Effect, Metric};
+use super::{Effect, Metric, restarts::Restarts};
 use crate::{
     fanout::{self, Fanout, Join, Seen},
     keys::{ClusterName, GroupResource},
@@ -154,6 +154,8 @@ pub struct Hub {
     waiting: VecDeque<(Instant, SharedKey, Join)>,
     /// Share lists running (at most [`MAX_JOINS`]).
     running: BTreeSet<(SharedKey, u64)>,
+    /// When shared watches failed after their list are reopened.
+    restarts: Restarts<SharedKey, ServedResource>,
 }
 
 impl fmt::Debug for Hub {
@@ -183,6 +185,7 @@ impl Hub {
             subscribers: BTreeMap::new(),
             waiting: VecDeque::new(),
             running: BTreeSet::new(),
+            restarts: Restarts::default(),
         }
     }
 
@@ -302,6 +305,7 @@ impl Hub {
         if !entry.fanout.prune() {
             self.watches.remove(&key);
             self.waiting.retain(|(_, k, _)| *k != key);
+            self.restarts.forget(&key);
             info!(shared = %key, "shared wildcard watch stopped");
             effects.push(Effect::CloseShared { key });
             effects.push(Effect::Metric(Metric::SharedWatches(self.watches.len())));
@@ -353,15 +357,19 @@ impl Hub {
             effects.push(Effect::Metric(Metric::ShareOverflow(resource)));
         }
         if restart && !old_rule {
-            info!(shared = %key, "shared wildcard watch failed after its list: opened again to list afresh");
             let served = entry.served.clone();
             // Share lists not started yet would serve nobody: the watch's list serves all.
             self.waiting.retain(|(_, k, _)| k != key);
             effects.push(Effect::CloseShared { key: key.clone() });
-            effects.push(Effect::OpenShared {
-                key: key.clone(),
-                served,
-            });
+            if let Some(served) = self.restarts.restart(key.clone(), served, now) {
+                info!(shared = %key, "shared wildcard watch failed after its list: opened again to list afresh");
+                effects.push(Effect::OpenShared {
+                    key: key.clone(),
+                    served,
+                });
+            } else {
+                info!(shared = %key, "shared wildcard watch failed again soon after a restart: opened again after a wait");
+            }
         }
         // Only an overflow leaves subscribers to list their share again: an event's hot path
         // touches this shared watch's subscribers once, in the fan-out, and no other watch's.
@@ -395,17 +403,27 @@ impl Hub {
         self.deliveries(key)
     }
 
-    /// When a waiting share list may start next, if a slot is free.
+    /// When a shared watch's reopen is due or a waiting share list may start (if a slot is
+    /// free), whichever is first.
     #[must_use]
     pub fn next_wakeup(&self) -> Option<Instant> {
-        if self.running.len() >= MAX_JOINS {
-            return None;
-        }
-        self.waiting.iter().map(|(at, _, _)| *at).min()
+        let join = if self.running.len() >= MAX_JOINS {
+            None
+        } else {
+            self.waiting.iter().map(|(at, _, _)| *at).min()
+        };
+        join.into_iter().chain(self.restarts.next_due()).min()
     }
 
-    /// Starts the share lists whose backoff has passed, within [`MAX_JOINS`].
+    /// Reopens the shared watches whose wait has passed; starts the share lists whose backoff
+    /// has passed, within [`MAX_JOINS`].
     pub(super) fn tick(&mut self, now: Instant, effects: &mut Vec<Effect>) {
+        for (key, served) in self.restarts.take_due(now) {
+            if self.watches.contains_key(&key) {
+                info!(shared = %key, "shared wildcard watch reopened after its restart's wait");
+                effects.push(Effect::OpenShared { key, served });
+            }
+        }
         self.start_ready_joins(now, effects);
     }
 

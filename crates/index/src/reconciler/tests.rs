@@ -3,6 +3,7 @@
 
 mod lowering;
 mod reports;
+mod restarts;
 mod writes;
 
 use std::{

@@ -29,11 +29,12 @@ const PARTS: u64 = 8;
 
 /// Fault kinds every part of the CI range must see fire, and how often at least (per seed of
 /// the part): a change that stops a fault from firing fails here, not silently.
-const FLOORS: [(&str, f64); 23] = [
+const FLOORS: [(&str, f64); 24] = [
     ("slow_response", 0.2),
     ("watch_cut", 0.5),
     ("watch_gone", 0.5),
     ("forbidden", 0.5),
+    ("watch_refused", 0.3),
     ("quota_relist", 0.5),
     ("api_change", 0.5),
     ("slow_watch", 0.5),
@@ -267,6 +268,11 @@ fn mutation_a_failed_shared_watch_rejoined_by_share_lists_is_caught() {
 #[test]
 fn mutation_3_unbounded_share_lists_is_caught() {
     expect_caught_within(Mutation::UnboundedJoins, "bounds", 3_000);
+}
+
+#[test]
+fn mutation_restarts_without_backoff_are_caught() {
+    expect_caught(Mutation::RestartsWithoutBackoff, "bounds");
 }
 
 /// It needs a count answered, then the quota moved on by a write of its other keys, a tenant's

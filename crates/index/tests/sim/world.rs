@@ -204,6 +204,11 @@ pub struct World {
     quota_gap: bool,
     quota_last_at: u64,
     forbidden_until: BTreeMap<Res, u64>,
+    /// Until then a list of the type succeeds but its watch cannot start (a kcp shard's 429
+    /// while its watch cache starts; RBAC granting `list` but not `watch`).
+    watch_refused_until: BTreeMap<Res, u64>,
+    /// When each watch was opened within the last second (reopens without backoff show here).
+    opened: BTreeMap<Wid, Vec<u64>>,
     /// The phase with tenants and faults ends at this time (and after [`MIN_STEPS`]).
     main_until: u64,
     main: bool,
@@ -282,6 +287,8 @@ impl World {
             quota_gap: false,
             quota_last_at: 0,
             forbidden_until: BTreeMap::new(),
+            watch_refused_until: BTreeMap::new(),
+            opened: BTreeMap::new(),
             main_until,
             main: true,
             shadow,
@@ -427,6 +434,7 @@ impl World {
         for res in lifted {
             self.forbidden_until.insert(res, self.now);
         }
+        self.watch_refused_until.clear();
         self.end_kcp_faults();
     }
 

@@ -3,6 +3,12 @@
 
 use super::*;
 
+/// A watch opened more than this often within [`REOPENS_WINDOW`] ms is reopened without backoff:
+/// restarts in close succession wait 0, 100, 200, 400, 800 ms (`reconciler/restarts.rs`), so
+/// at most five fit in a second besides its first open.
+const MAX_REOPENS: usize = 6;
+const REOPENS_WINDOW: u64 = 1_000;
+
 impl World {
     /// Carries out what the last step asked for.
     pub(super) fn carry_out(&mut self) {
@@ -179,6 +185,16 @@ impl World {
             last_at: self.now,
         };
         self.watches.insert(id.clone(), watch);
+        let now = self.now;
+        let opened = self.opened.entry(id.clone()).or_default();
+        opened.retain(|at| at + REOPENS_WINDOW > now);
+        opened.push(now);
+        if opened.len() > MAX_REOPENS {
+            let n = opened.len();
+            self.violation(format!(
+                "bounds: watch {id:?} opened {n} times within {REOPENS_WINDOW} ms: its restarts do not back off"
+            ));
+        }
         let delay = self.rng.range(1, 30);
         self.at(delay, Ev::ServeList { id, generation });
     }

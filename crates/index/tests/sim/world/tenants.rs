@@ -176,14 +176,25 @@ impl World {
                 };
                 let res = *self.rng.pick(types).unwrap();
                 let until = self.now + self.rng.range(2_000, 12_000);
-                self.fired("forbidden");
-                self.forbidden_until.insert(res, until);
+                let refuse = self.rng.percent(30);
                 let ids: Vec<Wid> = live
                     .into_iter()
                     .filter(|id| self.watches[id].res == res)
                     .collect();
-                for id in ids {
-                    self.fail(&id, "forbidden", true);
+                if refuse {
+                    // Lists of the type succeed but its watches cannot start: every watch of
+                    // it that fails or opens meanwhile lists, then fails again.
+                    self.fired("watch_refused");
+                    self.watch_refused_until.insert(res, until);
+                    for id in ids {
+                        self.fail(&id, "cut", false);
+                    }
+                } else {
+                    self.fired("forbidden");
+                    self.forbidden_until.insert(res, until);
+                    for id in ids {
+                        self.fail(&id, "forbidden", true);
+                    }
                 }
             }
             3 => {

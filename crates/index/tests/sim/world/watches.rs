@@ -180,10 +180,25 @@ impl World {
         }
         self.deliver(id, Item::InitDone, 0);
         let rv = self.server.rv;
+        let refused = self.watch_refused(id);
         if let Some(w) = self.watches.get_mut(id) {
             w.live = true;
             w.delivered_rv = rv;
         }
+        if refused {
+            // Listed, but the watch from the list's resourceVersion is refused: kube's
+            // watcher retries the watch (not the list) after its backoff.
+            self.fail(id, "watch_start", false);
+        }
+    }
+
+    /// Whether a watch of `id`'s type cannot start now (its list can).
+    fn watch_refused(&self, id: &Wid) -> bool {
+        self.watches.get(id).is_some_and(|w| {
+            self.watch_refused_until
+                .get(&w.res)
+                .is_some_and(|until| *until > self.now)
+        })
     }
 
     /// The watch fails; kube's watcher retries after a backoff, resuming (or relisting).
@@ -194,7 +209,7 @@ impl World {
         };
         w.live = false;
         let generation = w.generation;
-        let backoff = self.rng.range(200, 1500);
+        let backoff = self.rng.range(100, 1500);
         let id = id.clone();
         self.at(
             backoff,
@@ -216,6 +231,10 @@ impl World {
         }
         if relist {
             self.serve_list(id, generation);
+            return;
+        }
+        if self.watch_refused(id) {
+            self.fail(id, "watch_start", false);
             return;
         }
         let from = w.delivered_rv;

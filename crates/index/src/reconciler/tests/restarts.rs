@@ -1,0 +1,149 @@
+use super::*;
+
+fn opens(effects: &[Effect]) -> usize {
+    effects
+        .iter()
+        .filter(|e| matches!(e, Effect::OpenWatch { .. }))
+        .count()
+}
+
+fn closes(effects: &[Effect]) -> usize {
+    effects
+        .iter()
+        .filter(|e| matches!(e, Effect::CloseWatch { .. }))
+        .count()
+}
+
+fn fail(h: &mut Harness, id: u64) -> Vec<Effect> {
+    h.feed(Input::Watch {
+        id,
+        item: Item::Failed("watch_start", "429 storage is (re)initializing".into()),
+    })
+}
+
+/// The reopened watch lists again (its one ConfigMap) and syncs.
+fn relist(h: &mut Harness, id: u64) {
+    h.feed(Input::Watch { id, item: Item::Init });
+    h.feed(Input::Watch {
+        id,
+        item: Item::InitApply(configmap("a", 2)),
+    });
+    h.feed(Input::Watch {
+        id,
+        item: Item::InitDone,
+    });
+}
+
+#[test]
+fn a_watch_that_lists_but_cannot_start_is_reopened_after_doubling_waits() {
+    let mut h = Harness::new(false);
+    h.ready(quota(5, &[(CM, "10")], None), &[("a", 2)]);
+    let id = h.watch_id();
+
+    let first = fail(&mut h, id);
+    assert_eq!(
+        (closes(&first), opens(&first)),
+        (1, 1),
+        "the first restart is at once: {first:?}"
+    );
+    let mut waits = Vec::new();
+    for _ in 0..4 {
+        relist(&mut h, id);
+        let again = fail(&mut h, id);
+        assert_eq!(closes(&again), 1, "closed at once: {again:?}");
+        assert_eq!(
+            opens(&again),
+            0,
+            "a restart close to the last one waits: {again:?}"
+        );
+        let mut waited = 0;
+        loop {
+            let effects = h.tick(10);
+            waited += 10;
+            if opens(&effects) > 0 {
+                assert!(
+                    effects.contains(&Effect::OpenWatch {
+                        id,
+                        key: h.rec.watches().iter().next().unwrap().0.clone(),
+                        served: crate::resolver::ServedResource::core_for_tests("configmaps"),
+                    }),
+                    "the same watch reopens under its id: {effects:?}"
+                );
+                break;
+            }
+            assert!(waited < 60_000, "reopened within the cap");
+        }
+        waits.push(waited);
+    }
+    assert_eq!(waits, [100, 200, 400, 800], "the waits double");
+}
+
+#[test]
+fn a_watch_stopped_while_its_reopen_waits_is_not_reopened() {
+    let mut h = Harness::new(false);
+    h.ready(quota(5, &[(CM, "10")], None), &[("a", 2)]);
+    let id = h.watch_id();
+    fail(&mut h, id);
+    relist(&mut h, id);
+    fail(&mut h, id);
+    let mut gone = quota(6, &[(CM, "10")], None);
+    gone.metadata.resource_version = Some("6".into());
+    let stopped = h.feed(Input::Quota(QuotaEvent::Deleted(gone)));
+    assert_eq!(closes(&stopped), 1, "the quota's watch closes again: {stopped:?}");
+    assert_eq!(h.rec.restarts.waiting(), 0, "its reopen is dropped");
+    assert_eq!(opens(&h.tick(60_000)), 0);
+}
+
+#[test]
+fn a_shared_watch_that_lists_but_cannot_start_is_reopened_after_doubling_waits() {
+    let t0 = Instant::now();
+    let served = crate::resolver::ServedResource::core_for_tests("configmaps");
+    let key = SharedKey {
+        resource: served.resource.clone(),
+        version: served.version.clone(),
+    };
+    let mut hub = Hub::new(1, 16);
+    let mut effects = Vec::new();
+    hub.subscribe(1, ClusterName::new("c"), None, &served, t0, &mut effects);
+    assert!(effects.contains(&Effect::OpenShared {
+        key: key.clone(),
+        served: served.clone()
+    }));
+    let reopen = Effect::OpenShared {
+        key: key.clone(),
+        served: served.clone(),
+    };
+    let mut at = t0;
+    let cycle = |hub: &mut Hub, at: Instant| {
+        let mut effects = Vec::new();
+        for event in [SharedEvent::Init, SharedEvent::InitDone] {
+            hub.on_event(&key, event, at, &mut effects);
+        }
+        let failed = SharedEvent::Failed("watch_start", "429 storage is (re)initializing".into());
+        hub.on_event(&key, failed, at, &mut effects);
+        effects
+    };
+    let first = cycle(&mut hub, at);
+    assert!(
+        first.contains(&Effect::CloseShared { key: key.clone() }),
+        "{first:?}"
+    );
+    assert!(first.contains(&reopen), "the first restart is at once: {first:?}");
+    for wait in [100, 200, 400] {
+        let again = cycle(&mut hub, at);
+        assert!(
+            again.contains(&Effect::CloseShared { key: key.clone() }),
+            "{again:?}"
+        );
+        assert!(!again.contains(&reopen), "a close restart waits: {again:?}");
+        let due = at + Duration::from_millis(wait);
+        assert_eq!(hub.next_wakeup(), Some(due));
+        let mut early = Vec::new();
+        hub.tick(at + Duration::from_millis(wait - 1), &mut early);
+        assert!(!early.contains(&reopen), "not before its wait: {early:?}");
+        let mut effects = Vec::new();
+        hub.tick(due, &mut effects);
+        assert!(effects.contains(&reopen), "reopened after {wait} ms: {effects:?}");
+        at = due;
+    }
+}
