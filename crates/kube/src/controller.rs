@@ -17,7 +17,7 @@
 //! [`SnapshotHandle`]; gauges are computed then, at scrape time (`controller/view.rs`).
 
 pub(crate) mod api_changes;
-pub mod backoff;
+mod backoff;
 mod config;
 mod counts;
 pub mod discovery;

@@ -305,7 +305,7 @@ impl Hub {
         if !entry.fanout.prune() {
             self.watches.remove(&key);
             self.waiting.retain(|(_, k, _)| *k != key);
-            self.restarts.forget(&key);
+            self.restarts.closed(&key);
             info!(shared = %key, "shared wildcard watch stopped");
             effects.push(Effect::CloseShared { key });
             effects.push(Effect::Metric(Metric::SharedWatches(self.watches.len())));

@@ -103,9 +103,18 @@ impl<K: Ord + Clone, T> Restarts<K, T> {
             .collect()
     }
 
-    /// Watch `watch` stopped: a reopen it waited for is dropped.
+    /// Watch `watch` stopped for good (a watch id is never used again): its record goes.
     pub fn forget(&mut self, watch: &K) {
         self.records.remove(watch);
+    }
+
+    /// Watch `watch` closed, but may be opened again under the same key (a kcp shared watch
+    /// whose last subscriber left): a reopen it waited for is dropped, its count is kept, so
+    /// that one opened again by new demand and failing again soon still waits.
+    pub fn closed(&mut self, watch: &K) {
+        if let Some(record) = self.records.get_mut(watch) {
+            record.pending = None;
+        }
     }
 
     /// Watches with a reopen waiting.
@@ -166,6 +175,21 @@ mod tests {
         let due = r.next_due().unwrap();
         r.take_due(due);
         assert!(r.restart(1, "open", due + QUIET).is_some(), "quiet long enough");
+    }
+
+    #[test]
+    fn a_watch_closed_and_opened_again_keeps_its_count() {
+        let t0 = Instant::now();
+        let mut r = Restarts::<u64, &str>::default();
+        assert!(r.restart(1, "open", t0).is_some());
+        assert!(r.restart(1, "open", t0).is_none());
+        r.closed(&1);
+        assert_eq!(r.next_due(), None, "the waiting reopen is dropped");
+        assert!(
+            r.restart(1, "open", t0).is_none(),
+            "the third restart still waits"
+        );
+        assert_eq!(r.next_due(), Some(t0 + FIRST_WAIT * 2));
     }
 
     #[test]

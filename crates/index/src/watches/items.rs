@@ -273,7 +273,12 @@ impl Watches {
         }
         let kind = store_kind(&key.resource, key.need);
         let p = partition(key, namespace);
-        let failing = running.failure.is_some();
+        // A fill is exact as listed, but only the watch keeps it current: while the watch is
+        // failing, or has not finished its (re)list (a new kcp subscriber waiting for its
+        // shared watch's list, which a restart's wait can hold back for seconds), objects
+        // stored after the fill's list would be missing. Its partition counts once the watch
+        // delivers (`recovered`) or its list ends (`finish_relist`).
+        let failing = running.failure.is_some() || !running.synced || running.relisting;
         match listed {
             Ok(objects) => {
                 let objects = objects
@@ -282,8 +287,6 @@ impl Watches {
                     .collect();
                 let filled = engine.finish_fill(kind, &p, objects);
                 if failing {
-                    // Exact as listed, but the watch that keeps it current is down: it
-                    // counts once the watch delivers again (`recovered`).
                     engine.set_stale(kind, &p, true);
                 }
                 if let Some(malformed) = filled {

@@ -201,6 +201,38 @@ fn namespaces_joining_a_cluster_wide_watch_are_filled_a_few_at_a_time() {
     assert_eq!(started(&out).len(), 1, "started again: {out:?}");
 }
 
+/// Simulator seed 132,441: a kcp subscriber waiting for its shared watch's list (held back by a
+/// restart's wait) gained a namespace, whose fill then counted though no event after the fill's
+/// list could arrive before the shared watch listed.
+#[test]
+fn a_namespace_filled_into_a_watch_still_listing_counts_only_once_its_list_ends() {
+    let mut e = engine();
+    let mut w = Watches::new(settings(Mode::Lazy, 0), false, ids());
+    let (id, key) = only_start(&add_quota(&mut w, &mut e, "ns0", "q", &["count/configmaps"]));
+    let out = add_quota(&mut w, &mut e, "ns1", "q", &["count/configmaps"]);
+    assert!(matches!(out[..], [Action::Fill { .. }]), "{out:?}");
+    let now = Time::from_unix_nanos(0);
+    let mut out = Vec::new();
+    let ns1: Arc<str> = Arc::from("ns1");
+    let listed = Ok(vec![("x".into(), Projected::Meta)]);
+    w.on_fill(&mut e, &key, &ns1, listed, &not_shared, &mut out);
+    let q = QuotaKey::new(&cluster(), "ns1", "q");
+    let cm = "count/configmaps".to_owned();
+    assert!(
+        e.compute(&q, now).unwrap().uncomputed.contains(&cm),
+        "the watch has not listed: objects stored after the fill's list are not seen yet"
+    );
+    for item in [
+        WatchItem::Init,
+        WatchItem::InitApply(event("ns1", "x")),
+        WatchItem::InitApply(event("ns1", "y")),
+        WatchItem::InitDone,
+    ] {
+        w.on_item(&mut e, id, item, now, &mut out);
+    }
+    assert_eq!(used(&e, "ns1", "q", "count/configmaps").as_deref(), Some("2"));
+}
+
 /// Quota `a/q` on `count/configmaps` and the one watch it starts (not yet listed).
 fn one_configmap_watch() -> (Engine, Watches, u64, WatchKey, QuotaKey) {
     let mut e = engine();

@@ -130,11 +130,12 @@ parts!(
 
 /// Seeds beyond the CI range that `make sim-soak` found failing, each fixed since: they run in
 /// CI too, so the paths they found stay closed (as long as the model runs them the same way).
-const SOAK_FINDS: [u64; 4] = [
+const SOAK_FINDS: [u64; 5] = [
     11_039,  // a late write response taken as maintaining a key added back since
     94_780,  // a charge on a stored value already short
     95_145,  // a charge behind a late write response and a relist
     202_764, // a new key of a pod charged before the key existed, stored after it
+    132_441, // a namespace filled into a kcp subscriber whose shared watch's reopen waited
 ];
 
 #[test]
