@@ -62,9 +62,14 @@ mkdir -p .lazyquota
 # the tests' cargo). Its release binary is the one the bounded benchmarks and the chart's pods
 # run. It runs beside the tests at the lowest CPU priority: the tests mostly wait on their
 # servers, and on 2 cores this build was a phase of its own of about 390 s after them. Its own
-# process group, so that a failed run can stop it.
+# process group, so that a failed run can stop it (a job is one already under job control;
+# otherwise setsid, which does not fork here, makes it one).
 image_log=.lazyquota/image-build.log
-setsid nice -n 19 bash deploy/build-stage.sh >"$image_log" 2>&1 &
+if [[ $- == *m* ]]; then
+  nice -n 19 bash deploy/build-stage.sh >"$image_log" 2>&1 &
+else
+  setsid nice -n 19 bash deploy/build-stage.sh >"$image_log" 2>&1 &
+fi
 image_pid=$!
 wait_image() {
   local rc=0

@@ -339,6 +339,9 @@ impl Reconciler {
     }
 
     fn on_watch_item(&mut self, id: u64, item: crate::watches::Item, now: Now) {
+        if matches!(item, crate::watches::Item::InitDone) {
+            self.restarts.listed(&id, now.instant);
+        }
         let mut out = Vec::new();
         self.watches
             .on_item(&mut self.engine, id, item, now.time, &mut out);

@@ -368,6 +368,11 @@ impl<P: HeapSize> UsageStore<P> {
 
     /// Completes a relist: the new generation replaces the old one and the partition is
     /// synced. Returns whether the partition is held.
+    ///
+    /// A partition whose fill began after the list did (a namespace that joined a
+    /// cluster-wide watch while it listed) has no generation of its own: the list's objects
+    /// of that namespace from before it joined were dropped at ingest, so it counts only once
+    /// its fill ends ([`UsageStore::finish_fill`]).
     pub fn finish_relist(&mut self, key: &PartitionKey) -> bool {
         let Some(p) = self.partitions.get_mut(key) else {
             return false;
@@ -375,8 +380,10 @@ impl<P: HeapSize> UsageStore<P> {
         if let Some(mut next) = p.next.take() {
             next.shrink_to_fit();
             p.objects = next;
+            p.synced = true;
+        } else if p.fill_tombstones.is_none() {
+            p.synced = true;
         }
-        p.synced = true;
         p.stale = false;
         true
     }

@@ -337,6 +337,7 @@ impl Hub {
             }
             fanout::WatchItem::InitDone => {
                 fanout.init_done();
+                self.restarts.listed(key, now);
                 Vec::new()
             }
             fanout::WatchItem::InitApply(o) => {

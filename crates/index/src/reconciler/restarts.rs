@@ -1,20 +1,23 @@
 //! When a watch that failed after its sync is reopened: a logical cluster's own
 //! ([`crate::watches::Action::Restart`]) or a kcp shard's shared wildcard watch ([`super::Hub`]).
 //!
-//! The first restart is at once: a watch cut after hours of good service should list afresh
-//! without delay. Restarts that follow it closely wait, doubling from [`FIRST_WAIT`] to
-//! [`MAX_WAIT`]: a watch whose list succeeds but whose watch cannot start (a kcp shard
-//! answering 429 while its watch cache starts; RBAC granting `list` but not `watch`) would
-//! otherwise list its partitions again on every turn — each reopened stream starts kube's
-//! backoff from scratch, so that backoff never grows. A watch that runs for [`QUIET`] after its
-//! last reopen counts from the start again.
+//! The first restart is at once: a watch cut after a long good run (a load balancer's idle
+//! timeout, an apiserver restart) should list afresh without delay. Restarts that follow it
+//! closely wait, doubling from [`FIRST_WAIT`] to [`MAX_WAIT`]: a watch whose list succeeds but
+//! whose watch cannot start (a kcp shard answering 429 while its watch cache starts; RBAC
+//! granting `list` but not `watch`) would otherwise list its partitions again on every turn —
+//! each reopened stream starts kube's backoff from scratch, so that backoff never grows. A watch
+//! that runs for [`QUIET`] after its list ended (or, if it never listed, after its reopen)
+//! counts from the start again: a list of any length does not count against it.
 //!
-//! Cost: one record per watch restarted in the last [`QUIET`] (its key, a count, an instant,
-//! and while a reopen waits, what reopening it takes); a stopped watch's record is dropped
-//! with it.
+//! Cost: one record per watch restarted within the last [`QUIET`] or so (its key, a count, an
+//! instant, and while a reopen waits, what reopening it takes, plus an entry in the set of
+//! waiting reopens); records are pruned in amortised constant time per restart and a stopped
+//! watch's record is dropped with it. Every operation is logarithmic in the records, so a
+//! storm (every watch failing at once when an apiserver restarts) stays cheap.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     time::{Duration, Instant},
 };
 
@@ -26,15 +29,18 @@ pub const FIRST_WAIT: Duration = Duration::from_millis(100);
 /// The longest wait between restarts of one watch.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
 
-/// A watch that runs this long after a reopen counts its restarts from zero again.
-pub const QUIET: Duration = Duration::from_mins(2);
+/// A watch that runs this long after its list ended counts its restarts from zero again.
+pub const QUIET: Duration = Duration::from_secs(30);
+
+/// Records kept before the first prune (then twice what a prune left).
+const PRUNE_FROM: usize = 64;
 
 #[derive(Debug)]
 struct Record<T> {
     /// Restarts in close succession, this one included.
     count: u32,
-    /// When it was last reopened (or, while a reopen waits, when that was asked for).
-    last: Instant,
+    /// Since when it has run: its list's end, else its reopen, else when its restart was asked.
+    since: Instant,
     /// A reopen waiting: when it is due, and what to open.
     pending: Option<(Instant, T)>,
 }
@@ -44,12 +50,18 @@ struct Record<T> {
 #[derive(Debug)]
 pub struct Restarts<K, T> {
     records: BTreeMap<K, Record<T>>,
+    /// The waiting reopens, by when they are due.
+    due: BTreeSet<(Instant, K)>,
+    /// Records kept before the next prune.
+    prune_at: usize,
 }
 
 impl<K, T> Default for Restarts<K, T> {
     fn default() -> Self {
         Self {
             records: BTreeMap::new(),
+            due: BTreeSet::new(),
+            prune_at: PRUNE_FROM,
         }
     }
 }
@@ -58,15 +70,20 @@ impl<K: Ord + Clone, T> Restarts<K, T> {
     /// Watch `watch` is to be reopened with `open`, asked at `now`: returns `open` to do now,
     /// or `None` if the reopen waits (it comes out of [`Restarts::take_due`] when due).
     pub fn restart(&mut self, watch: K, open: T, now: Instant) -> Option<T> {
-        self.records
-            .retain(|_, r| r.pending.is_some() || now.saturating_duration_since(r.last) < QUIET);
-        let record = self.records.entry(watch).or_insert(Record {
+        self.prune(now);
+        let record = self.records.entry(watch.clone()).or_insert(Record {
             count: 0,
-            last: now,
+            since: now,
             pending: None,
         });
+        if now.saturating_duration_since(record.since) >= QUIET {
+            record.count = 0;
+        }
         record.count = record.count.saturating_add(1);
-        record.last = now;
+        record.since = now;
+        if let Some((at, _)) = record.pending.take() {
+            self.due.remove(&(at, watch.clone()));
+        }
         // The first restart is at once; the n-th in close succession waits doubling(n - 1).
         let wait = if crate::mutation::active(crate::mutation::Mutation::RestartsWithoutBackoff) {
             Duration::ZERO
@@ -74,54 +91,82 @@ impl<K: Ord + Clone, T> Restarts<K, T> {
             doubling(FIRST_WAIT, record.count - 1, MAX_WAIT)
         };
         if wait.is_zero() {
-            record.pending = None;
             return Some(open);
         }
         record.pending = Some((now + wait, open));
+        self.due.insert((now + wait, watch));
         None
+    }
+
+    /// Watch `watch` finished a list at `now`: it runs from here.
+    pub fn listed(&mut self, watch: &K, now: Instant) {
+        if let Some(record) = self.records.get_mut(watch) {
+            record.since = now;
+        }
     }
 
     /// When the next waiting reopen is due.
     #[must_use]
     pub fn next_due(&self) -> Option<Instant> {
-        self.records
-            .values()
-            .filter_map(|r| r.pending.as_ref().map(|p| p.0))
-            .min()
+        self.due.first().map(|(at, _)| *at)
     }
 
-    /// The reopens due at `now`, in key order (the same inputs give the same effects).
+    /// The reopens due at `now`, in the order they fell due.
     pub fn take_due(&mut self, now: Instant) -> Vec<(K, T)> {
-        self.records
-            .iter_mut()
-            .filter(|(_, r)| r.pending.as_ref().is_some_and(|p| p.0 <= now))
-            .filter_map(|(watch, r)| {
-                // Quiet is counted from the reopen: the watch has run only since then.
-                r.last = now;
-                r.pending.take().map(|(_, open)| (watch.clone(), open))
-            })
-            .collect()
+        let mut out = Vec::new();
+        while let Some((at, watch)) = self.due.first().cloned() {
+            if at > now {
+                break;
+            }
+            self.due.pop_first();
+            if let Some(record) = self.records.get_mut(&watch)
+                && let Some((_, open)) = record.pending.take()
+            {
+                record.since = now;
+                out.push((watch, open));
+            }
+        }
+        out
     }
 
     /// Watch `watch` stopped for good (a watch id is never used again): its record goes.
     pub fn forget(&mut self, watch: &K) {
-        self.records.remove(watch);
+        if let Some(Record {
+            pending: Some((at, _)),
+            ..
+        }) = self.records.remove(watch)
+        {
+            self.due.remove(&(at, watch.clone()));
+        }
     }
 
     /// Watch `watch` closed, but may be opened again under the same key (a kcp shared watch
     /// whose last subscriber left): a reopen it waited for is dropped, its count is kept, so
     /// that one opened again by new demand and failing again soon still waits.
     pub fn closed(&mut self, watch: &K) {
-        if let Some(record) = self.records.get_mut(watch) {
-            record.pending = None;
+        if let Some(record) = self.records.get_mut(watch)
+            && let Some((at, _)) = record.pending.take()
+        {
+            self.due.remove(&(at, watch.clone()));
         }
+    }
+
+    /// Drops the records of watches that have run [`QUIET`] and wait for nothing, once the
+    /// records have doubled since the last prune.
+    fn prune(&mut self, now: Instant) {
+        if self.records.len() < self.prune_at {
+            return;
+        }
+        self.records
+            .retain(|_, r| r.pending.is_some() || now.saturating_duration_since(r.since) < QUIET);
+        self.prune_at = (self.records.len() * 2).max(PRUNE_FROM);
     }
 
     /// Watches with a reopen waiting.
     #[cfg(test)]
     #[must_use]
     pub fn waiting(&self) -> usize {
-        self.records.values().filter(|r| r.pending.is_some()).count()
+        self.due.len()
     }
 }
 
@@ -157,24 +202,55 @@ mod tests {
     }
 
     #[test]
-    fn a_watch_quiet_for_two_minutes_restarts_at_once_again() {
+    fn a_watch_that_ran_quiet_after_its_list_restarts_at_once_again_however_long_it_listed() {
         let t0 = Instant::now();
         let mut r = Restarts::<u64, &str>::default();
         assert!(r.restart(1, "open", t0).is_some());
         assert!(r.restart(1, "open", t0).is_none());
-        let due = r.next_due().unwrap();
-        r.take_due(due);
+        let reopened = r.next_due().unwrap();
+        r.take_due(reopened);
+        // Its list takes three times QUIET; the watch start fails right after it.
+        let listed = reopened + QUIET * 3;
+        r.listed(&1, listed);
         assert!(
-            r.restart(
-                1,
-                "open",
-                due + QUIET.checked_sub(Duration::from_millis(1)).unwrap()
-            )
-            .is_none()
+            r.restart(1, "open", listed).is_none(),
+            "a long list is not a quiet run"
         );
-        let due = r.next_due().unwrap();
-        r.take_due(due);
-        assert!(r.restart(1, "open", due + QUIET).is_some(), "quiet long enough");
+        assert_eq!(r.next_due(), Some(listed + FIRST_WAIT * 2));
+        let reopened = r.next_due().unwrap();
+        r.take_due(reopened);
+        r.listed(&1, reopened);
+        let ms = Duration::from_millis(1);
+        assert!(
+            r.restart(1, "open", reopened + QUIET.checked_sub(ms).unwrap())
+                .is_none()
+        );
+        let reopened = r.next_due().unwrap();
+        r.take_due(reopened);
+        r.listed(&1, reopened);
+        assert!(
+            r.restart(1, "open", reopened + QUIET).is_some(),
+            "ran QUIET after its list"
+        );
+    }
+
+    #[test]
+    fn records_of_watches_long_quiet_are_pruned_as_restarts_come() {
+        let t0 = Instant::now();
+        let mut r = Restarts::<u64, &str>::default();
+        for id in 0..1_000 {
+            assert!(r.restart(id, "open", t0).is_some());
+        }
+        assert_eq!(r.records.len(), 1_000);
+        let later = t0 + QUIET;
+        for id in 1_000..2_000 {
+            assert!(r.restart(id, "open", later).is_some());
+        }
+        assert!(
+            r.records.len() < 1_100,
+            "the first thousand ran QUIET and were dropped: {}",
+            r.records.len()
+        );
     }
 
     #[test]

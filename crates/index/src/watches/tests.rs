@@ -233,6 +233,32 @@ fn a_namespace_filled_into_a_watch_still_listing_counts_only_once_its_list_ends(
     assert_eq!(used(&e, "ns1", "q", "count/configmaps").as_deref(), Some("2"));
 }
 
+/// A namespace that joins while the watch lists: the list's objects of it from before it
+/// joined were dropped at ingest, so the list's end must not make it count before its fill.
+#[test]
+fn a_namespace_joining_during_a_list_counts_only_once_its_fill_ends() {
+    let mut e = engine();
+    let mut w = Watches::new(settings(Mode::Lazy, 0), false, ids());
+    let (id, key) = only_start(&add_quota(&mut w, &mut e, "ns0", "q", &["count/configmaps"]));
+    let now = Time::from_unix_nanos(0);
+    let mut out = Vec::new();
+    w.on_item(&mut e, id, WatchItem::Init, now, &mut out);
+    w.on_item(&mut e, id, WatchItem::InitApply(event("ns1", "x")), now, &mut out);
+    let joined = add_quota(&mut w, &mut e, "ns1", "q", &["count/configmaps"]);
+    assert!(matches!(joined[..], [Action::Fill { .. }]), "{joined:?}");
+    w.on_item(&mut e, id, WatchItem::InitDone, now, &mut out);
+    let q = QuotaKey::new(&cluster(), "ns1", "q");
+    let cm = "count/configmaps".to_owned();
+    assert!(
+        e.compute(&q, now).unwrap().uncomputed.contains(&cm),
+        "x was dropped before ns1 joined: only the fill has it"
+    );
+    let ns1: Arc<str> = Arc::from("ns1");
+    let listed = Ok(vec![("x".into(), Projected::Meta)]);
+    w.on_fill(&mut e, &key, &ns1, listed, &not_shared, &mut out);
+    assert_eq!(used(&e, "ns1", "q", "count/configmaps").as_deref(), Some("1"));
+}
+
 /// Quota `a/q` on `count/configmaps` and the one watch it starts (not yet listed).
 fn one_configmap_watch() -> (Engine, Watches, u64, WatchKey, QuotaKey) {
     let mut e = engine();

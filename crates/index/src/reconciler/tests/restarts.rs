@@ -60,6 +60,13 @@ fn a_watch_that_lists_but_cannot_start_is_reopened_after_doubling_waits() {
         loop {
             let effects = h.tick(10);
             waited += 10;
+            for w in writes(&effects) {
+                assert_eq!(
+                    w.used.get(CM).map(|q| q.0.as_str()),
+                    Some("1"),
+                    "while the watch is closed its key keeps its value: {w:?}"
+                );
+            }
             if opens(&effects) > 0 {
                 assert!(
                     effects.contains(&Effect::OpenWatch {
