@@ -154,3 +154,92 @@ fn a_shared_watch_that_lists_but_cannot_start_is_reopened_after_doubling_waits()
         at = due;
     }
 }
+
+#[test]
+fn a_subscriber_joining_while_the_shared_reopen_waits_is_served_by_the_reopened_watchs_list() {
+    let t0 = Instant::now();
+    let served = crate::resolver::ServedResource::core_for_tests("configmaps");
+    let key = SharedKey {
+        resource: served.resource.clone(),
+        version: served.version.clone(),
+    };
+    let mut hub = Hub::new(1, 16);
+    let mut effects = Vec::new();
+    hub.subscribe(1, ClusterName::new("c"), None, &served, t0, &mut effects);
+    let failed = || SharedEvent::Failed("watch_start", "429".into());
+    // Listed, failed (reopened at once), listed, failed again: the reopen waits 100 ms.
+    for _ in 0..2 {
+        hub.on_event(&key, SharedEvent::Init, t0, &mut effects);
+        hub.on_event(&key, SharedEvent::InitDone, t0, &mut effects);
+        hub.on_event(&key, failed(), t0, &mut effects);
+    }
+    let mut joined = Vec::new();
+    hub.subscribe(2, ClusterName::new("d"), None, &served, t0, &mut joined);
+    assert!(
+        !joined
+            .iter()
+            .any(|e| matches!(e, Effect::OpenShared { .. } | Effect::ListShare { .. })),
+        "no second watch and no share list of its own while the watch is down: {joined:?}"
+    );
+    let mut reopened = Vec::new();
+    hub.tick(t0 + Duration::from_millis(100), &mut reopened);
+    let opens = reopened
+        .iter()
+        .filter(|e| matches!(e, Effect::OpenShared { .. }))
+        .count();
+    assert_eq!(opens, 1, "{reopened:?}");
+    // The reopened watch's list serves both subscribers.
+    let mut out = Vec::new();
+    let items = hub.on_event(&key, SharedEvent::Init, t0, &mut out);
+    let watches: std::collections::BTreeSet<u64> = items.iter().map(|(w, _)| *w).collect();
+    assert_eq!(watches, [1, 2].into(), "{items:?}");
+}
+
+#[test]
+fn a_shared_watch_left_and_subscribed_again_during_its_wait_opens_once_and_keeps_backing_off() {
+    let t0 = Instant::now();
+    let served = crate::resolver::ServedResource::core_for_tests("configmaps");
+    let key = SharedKey {
+        resource: served.resource.clone(),
+        version: served.version.clone(),
+    };
+    let mut hub = Hub::new(1, 16);
+    let mut effects = Vec::new();
+    hub.subscribe(1, ClusterName::new("c"), None, &served, t0, &mut effects);
+    for _ in 0..2 {
+        hub.on_event(&key, SharedEvent::Init, t0, &mut effects);
+        hub.on_event(&key, SharedEvent::InitDone, t0, &mut effects);
+        let failed = SharedEvent::Failed("watch_start", "429".into());
+        hub.on_event(&key, failed, t0, &mut effects);
+    }
+    let mut left = Vec::new();
+    assert!(hub.unsubscribe(1, &mut left));
+    assert!(
+        left.contains(&Effect::CloseShared { key: key.clone() }),
+        "{left:?}"
+    );
+    assert_eq!(hub.next_wakeup(), None, "the waiting reopen went with the watch");
+    let mut again = Vec::new();
+    hub.subscribe(3, ClusterName::new("c"), None, &served, t0, &mut again);
+    let opens = |e: &[Effect]| {
+        e.iter()
+            .filter(|e| matches!(e, Effect::OpenShared { .. }))
+            .count()
+    };
+    assert_eq!(opens(&again), 1, "new demand opens it at once: {again:?}");
+    let mut later = Vec::new();
+    hub.tick(t0 + Duration::from_secs(1), &mut later);
+    assert_eq!(opens(&later), 0, "and only once: {later:?}");
+    // Failing again soon after its list, it waits (its third restart in close succession).
+    let mut out = Vec::new();
+    hub.on_event(&key, SharedEvent::Init, t0, &mut out);
+    hub.on_event(&key, SharedEvent::InitDone, t0, &mut out);
+    hub.on_event(
+        &key,
+        SharedEvent::Failed("watch_start", "429".into()),
+        t0,
+        &mut out,
+    );
+    assert_eq!(opens(&out), 0, "{out:?}");
+    assert_eq!(hub.next_wakeup(), Some(t0 + Duration::from_millis(200)));
+}
