@@ -101,9 +101,9 @@ fn a_watch_stopped_while_its_reopen_waits_is_not_reopened() {
     assert_eq!(opens(&h.tick(60_000)), 0);
 }
 
-#[test]
-fn a_shared_watch_that_lists_but_cannot_start_is_reopened_after_doubling_waits() {
-    let t0 = Instant::now();
+/// A hub sharing ConfigMaps from one cluster on, watch 1 of cluster `c` subscribed (the shared
+/// watch opened).
+fn shared_configmaps(t0: Instant) -> (Hub, SharedKey, crate::resolver::ServedResource) {
     let served = crate::resolver::ServedResource::core_for_tests("configmaps");
     let key = SharedKey {
         resource: served.resource.clone(),
@@ -112,32 +112,49 @@ fn a_shared_watch_that_lists_but_cannot_start_is_reopened_after_doubling_waits()
     let mut hub = Hub::new(1, 16);
     let mut effects = Vec::new();
     hub.subscribe(1, ClusterName::new("c"), None, &served, t0, &mut effects);
-    assert!(effects.contains(&Effect::OpenShared {
+    let open = Effect::OpenShared {
         key: key.clone(),
-        served: served.clone()
-    }));
+        served: served.clone(),
+    };
+    assert!(effects.contains(&open), "{effects:?}");
+    (hub, key, served)
+}
+
+/// The shared watch lists, then cannot start its watch (kcp's 429): the effects.
+fn list_then_refuse(hub: &mut Hub, key: &SharedKey, at: Instant) -> Vec<Effect> {
+    let mut effects = Vec::new();
+    for event in [SharedEvent::Init, SharedEvent::InitDone] {
+        hub.on_event(key, event, at, &mut effects);
+    }
+    let failed = SharedEvent::Failed("watch_start", "429 storage is (re)initializing".into());
+    hub.on_event(key, failed, at, &mut effects);
+    effects
+}
+
+fn shared_opens(effects: &[Effect]) -> usize {
+    effects
+        .iter()
+        .filter(|e| matches!(e, Effect::OpenShared { .. }))
+        .count()
+}
+
+#[test]
+fn a_shared_watch_that_lists_but_cannot_start_is_reopened_after_doubling_waits() {
+    let t0 = Instant::now();
+    let (mut hub, key, served) = shared_configmaps(t0);
     let reopen = Effect::OpenShared {
         key: key.clone(),
         served: served.clone(),
     };
     let mut at = t0;
-    let cycle = |hub: &mut Hub, at: Instant| {
-        let mut effects = Vec::new();
-        for event in [SharedEvent::Init, SharedEvent::InitDone] {
-            hub.on_event(&key, event, at, &mut effects);
-        }
-        let failed = SharedEvent::Failed("watch_start", "429 storage is (re)initializing".into());
-        hub.on_event(&key, failed, at, &mut effects);
-        effects
-    };
-    let first = cycle(&mut hub, at);
+    let first = list_then_refuse(&mut hub, &key, at);
     assert!(
         first.contains(&Effect::CloseShared { key: key.clone() }),
         "{first:?}"
     );
     assert!(first.contains(&reopen), "the first restart is at once: {first:?}");
     for wait in [100, 200, 400] {
-        let again = cycle(&mut hub, at);
+        let again = list_then_refuse(&mut hub, &key, at);
         assert!(
             again.contains(&Effect::CloseShared { key: key.clone() }),
             "{again:?}"
@@ -158,20 +175,10 @@ fn a_shared_watch_that_lists_but_cannot_start_is_reopened_after_doubling_waits()
 #[test]
 fn a_subscriber_joining_while_the_shared_reopen_waits_is_served_by_the_reopened_watchs_list() {
     let t0 = Instant::now();
-    let served = crate::resolver::ServedResource::core_for_tests("configmaps");
-    let key = SharedKey {
-        resource: served.resource.clone(),
-        version: served.version.clone(),
-    };
-    let mut hub = Hub::new(1, 16);
-    let mut effects = Vec::new();
-    hub.subscribe(1, ClusterName::new("c"), None, &served, t0, &mut effects);
-    let failed = || SharedEvent::Failed("watch_start", "429".into());
+    let (mut hub, key, served) = shared_configmaps(t0);
     // Listed, failed (reopened at once), listed, failed again: the reopen waits 100 ms.
     for _ in 0..2 {
-        hub.on_event(&key, SharedEvent::Init, t0, &mut effects);
-        hub.on_event(&key, SharedEvent::InitDone, t0, &mut effects);
-        hub.on_event(&key, failed(), t0, &mut effects);
+        list_then_refuse(&mut hub, &key, t0);
     }
     let mut joined = Vec::new();
     hub.subscribe(2, ClusterName::new("d"), None, &served, t0, &mut joined);
@@ -183,11 +190,7 @@ fn a_subscriber_joining_while_the_shared_reopen_waits_is_served_by_the_reopened_
     );
     let mut reopened = Vec::new();
     hub.tick(t0 + Duration::from_millis(100), &mut reopened);
-    let opens = reopened
-        .iter()
-        .filter(|e| matches!(e, Effect::OpenShared { .. }))
-        .count();
-    assert_eq!(opens, 1, "{reopened:?}");
+    assert_eq!(shared_opens(&reopened), 1, "{reopened:?}");
     // The reopened watch's list serves both subscribers.
     let mut out = Vec::new();
     let items = hub.on_event(&key, SharedEvent::Init, t0, &mut out);
@@ -198,19 +201,9 @@ fn a_subscriber_joining_while_the_shared_reopen_waits_is_served_by_the_reopened_
 #[test]
 fn a_shared_watch_left_and_subscribed_again_during_its_wait_opens_once_and_keeps_backing_off() {
     let t0 = Instant::now();
-    let served = crate::resolver::ServedResource::core_for_tests("configmaps");
-    let key = SharedKey {
-        resource: served.resource.clone(),
-        version: served.version.clone(),
-    };
-    let mut hub = Hub::new(1, 16);
-    let mut effects = Vec::new();
-    hub.subscribe(1, ClusterName::new("c"), None, &served, t0, &mut effects);
+    let (mut hub, key, served) = shared_configmaps(t0);
     for _ in 0..2 {
-        hub.on_event(&key, SharedEvent::Init, t0, &mut effects);
-        hub.on_event(&key, SharedEvent::InitDone, t0, &mut effects);
-        let failed = SharedEvent::Failed("watch_start", "429".into());
-        hub.on_event(&key, failed, t0, &mut effects);
+        list_then_refuse(&mut hub, &key, t0);
     }
     let mut left = Vec::new();
     assert!(hub.unsubscribe(1, &mut left));
@@ -226,10 +219,10 @@ fn a_shared_watch_left_and_subscribed_again_during_its_wait_opens_once_and_keeps
             .filter(|e| matches!(e, Effect::OpenShared { .. }))
             .count()
     };
-    assert_eq!(opens(&again), 1, "new demand opens it at once: {again:?}");
+    assert_eq!(shared_opens(&again), 1, "new demand opens it at once: {again:?}");
     let mut later = Vec::new();
     hub.tick(t0 + Duration::from_secs(1), &mut later);
-    assert_eq!(opens(&later), 0, "and only once: {later:?}");
+    assert_eq!(shared_opens(&later), 0, "and only once: {later:?}");
     // Failing again soon after its list, it waits (its third restart in close succession).
     let mut out = Vec::new();
     hub.on_event(&key, SharedEvent::Init, t0, &mut out);
