@@ -17,6 +17,14 @@
 //! watch. The key is then written at once, at no less than that count. One list per quota
 //! version and resource; at most [`MAX_IN_FLIGHT`] at once; after a failed one the key waits
 //! out the settling time as before.
+//!
+//! While a count asked at the quota's version is in flight, the quota is not written
+//! ([`Counts::waiting`]): any write moves the quota past the count's version, so the count
+//! would vouch for nothing and a second one would be asked. On a quiet type the second waits
+//! longer than the first: a consistent list is served once the apiserver's watch cache has
+//! asked etcd for progress, and its cache asks at once when idle, then at most every 100 ms
+//! (k8s.io/apiserver's `progressRequestPeriod`). The wait ends with the answer (or failure),
+//! or with the quota's settling time, whichever comes first.
 
 use std::collections::BTreeMap;
 
@@ -44,7 +52,8 @@ pub struct Counted {
 enum Count {
     /// Asked for the quota at this resourceVersion.
     Asked(u64),
-    /// Asked for the quota at this resourceVersion and failed: not asked again for it.
+    /// Asked for the quota at this resourceVersion and failed: not asked again until the
+    /// quota's counts are forgotten.
     Failed(u64),
     /// Answered.
     Known(Counted),
@@ -69,12 +78,25 @@ impl Counts {
         }
     }
 
-    /// Whether to ask for a count of `resource` for the quota at `revision`: not asked (or
-    /// failed) at that version already, and within the bounds. Records the ask.
+    /// Whether a count asked for the quota at `revision` (its resourceVersion) or later is in
+    /// flight: writing the quota now would leave that count behind the quota.
+    pub fn waiting(&self, quota: &QuotaKey, revision: u64) -> bool {
+        let first = (quota.clone(), GroupResource::new("", ""));
+        self.counts
+            .range(first..)
+            .take_while(|((q, _), _)| q == quota)
+            .any(|(_, c)| matches!(c, Count::Asked(at) if *at >= revision))
+    }
+
+    /// Whether to ask for a count of `resource` for the quota at `revision`: not asked at that
+    /// version already, never failed, and within the bounds. Records the ask.
     pub fn ask(&mut self, quota: &QuotaKey, resource: &GroupResource, revision: u64) -> bool {
         let entry = (quota.clone(), resource.clone());
         match self.counts.get(&entry) {
-            Some(Count::Asked(at) | Count::Failed(at)) if *at >= revision => return false,
+            Some(Count::Asked(at)) if *at >= revision => return false,
+            // Not asked again while the quota settles: its own write of `status.hard` moves it
+            // past the failed count's version, and a failing list would be asked for again.
+            Some(Count::Failed(_)) => return false,
             Some(Count::Known(c)) if c.revision >= revision => return false,
             None if self.counts.len() >= MAX_KEPT => return false,
             _ => {}
@@ -91,8 +113,9 @@ impl Counts {
         true
     }
 
-    /// Records an answer (`None`: the count failed); returns whether it vouches for anything (a
-    /// count, for a quota still waiting for one).
+    /// Records an answer (`None`: the count failed); returns whether the quota was waiting
+    /// for it (asked and not answered yet), so that it is computed again: written with the
+    /// key the count vouches for, or without it at once if the count failed.
     pub fn answered(&mut self, quota: &QuotaKey, resource: &GroupResource, counted: Option<Counted>) -> bool {
         let Some(count) = self.counts.get_mut(&(quota.clone(), resource.clone())) else {
             return false;
@@ -101,7 +124,7 @@ impl Counts {
             return false;
         };
         *count = counted.map_or(Count::Failed(at), Count::Known);
-        matches!(count, Count::Known(_))
+        true
     }
 
     /// Forgets the counts of a quota that settled, went, or was replaced.
@@ -153,14 +176,45 @@ mod tests {
         assert_eq!(counts.vouching(&q, &r, 12), Some(3));
         assert_eq!(counts.vouching(&q, &r, 13), None, "the quota moved past the list");
         assert!(counts.ask(&q, &r, 13), "asked again for the new version");
-        assert!(!counts.answered(&q, &r, None));
+        assert!(counts.answered(&q, &r, None), "a failure ends the wait too");
+        assert!(!counts.answered(&q, &r, None), "answered once");
         assert!(
             !counts.ask(&q, &r, 13),
             "a failed count is not asked again at that version"
         );
+        assert!(
+            !counts.ask(&q, &r, 14),
+            "nor at a later one while the quota settles"
+        );
         assert_eq!(counts.vouching(&q, &r, 13), None);
         counts.forget(&q);
         assert!(counts.is_empty());
+    }
+
+    #[test]
+    fn a_quota_waits_only_for_its_own_counts_in_flight_at_its_version() {
+        let (q, r) = (quota("q"), GroupResource::core("configmaps"));
+        let other = quota("other");
+        let mut counts = Counts::default();
+        assert!(!counts.waiting(&q, 10), "nothing asked");
+        assert!(counts.ask(&other, &r, 10));
+        assert!(!counts.waiting(&q, 10), "another quota's count");
+        assert!(counts.ask(&q, &GroupResource::new("apps", "deployments"), 10));
+        assert!(counts.ask(&q, &r, 10));
+        assert!(counts.waiting(&q, 10));
+        assert!(!counts.waiting(&q, 11), "the quota moved past what was asked");
+        counts.answered(&q, &GroupResource::new("apps", "deployments"), None);
+        assert!(counts.waiting(&q, 10), "one of its counts is still in flight");
+        counts.answered(
+            &q,
+            &r,
+            Some(Counted {
+                revision: 10,
+                objects: 1,
+            }),
+        );
+        assert!(!counts.waiting(&q, 10), "answered or failed: nothing in flight");
+        assert!(counts.waiting(&other, 10));
     }
 
     #[test]

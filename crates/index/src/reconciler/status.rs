@@ -137,6 +137,14 @@ impl Reconciler {
             self.queue.done(&key);
             return;
         }
+        if let Some(until) = self.count_in_flight(&key, now) {
+            // Writing now would move the quota past the count's version: the count's answer
+            // (or failure) enqueues the quota again.
+            debug!(quota = %key, "a count of a new key's objects is in flight: the write waits for it");
+            self.queue.done(&key);
+            self.queue.add_at(key, until);
+            return;
+        }
         let Some(state) = self.engine.index.get(&key).map(|e| &e.payload) else {
             self.queue.done(&key);
             return;
@@ -252,6 +260,16 @@ impl Reconciler {
         let entry = self.engine.index.get(key)?;
         lowering::hold_until_caught_up(&entry.payload, |name| behind.contains(name), decision)
             .then_some(settled)
+    }
+
+    /// Whether a count asked at the quota's version is still in flight ([`super::counts`]), and
+    /// until when the quota's write waits for it at most: its settling time's end, when the
+    /// counts are forgotten.
+    fn count_in_flight(&self, key: &QuotaKey, now: Now) -> Option<std::time::Instant> {
+        let entry = self.engine.index.get(key)?;
+        let settled =
+            self.epoch + std::time::Duration::from_millis(entry.payload.spec_ms + lowering::SETTLE_MS);
+        (now.instant < settled && self.counts.waiting(key, entry.payload.view.0)).then_some(settled)
     }
 
     /// The keys of `decision` the watches have not caught up with (see

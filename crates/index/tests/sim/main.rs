@@ -276,9 +276,10 @@ fn mutation_restarts_without_backoff_are_caught() {
     expect_caught(Mutation::RestartsWithoutBackoff, "bounds");
 }
 
-/// It needs a count answered, then the quota moved on by a write of its other keys, a tenant's
-/// create in between and a slow watch: seed 6,966 is the first.
+/// It needs a count answered, then the quota moved on by someone else (a tenant labelling it:
+/// lazyquota's own write waits for the count), a tenant's create in between and a slow watch:
+/// seed 12,730 is the first.
 #[test]
 fn mutation_a_count_older_than_the_quota_vouching_is_caught() {
-    expect_caught_within(Mutation::StaleCount, "safety", 8_000);
+    expect_caught_within(Mutation::StaleCount, "safety", 15_000);
 }

@@ -280,33 +280,25 @@ fn a_key_first_enforced_long_after_the_quota_appeared_settles_from_its_first_wri
 
 /// A second quota counting ConfigMaps, created at resourceVersion 30 while the ConfigMap
 /// watch (synced at 3, two objects) is quiet; returns the effects of its first sync: a count
-/// asked for, and `status.hard` written without the held key (admission then refuses what
-/// would charge it), which the server answers at resourceVersion 31.
+/// asked for at 30, and nothing written while it is in flight (a write would move the quota
+/// past it).
 fn second_quota_on_a_quiet_watch(h: &mut Harness) -> Vec<Effect> {
     h.tick(crate::lowering::SETTLE_MS);
-    let mut created = quota(30, &[(CM, "10")], None);
-    created.metadata.name = Some("s".into());
-    created.metadata.uid = Some("uid-s".into());
-    h.feed(Input::Quota(QuotaEvent::Applied(created.clone())));
+    h.feed(Input::Quota(QuotaEvent::Applied(second_quota(30))));
     let effects = h.tick(1);
-    let w = writes(&effects);
-    assert_eq!(w.len(), 1, "{effects:?}");
-    assert_eq!(
-        (&w[0].key, w[0].used.len()),
-        (&second(), 0),
-        "the new key left out: {effects:?}"
+    assert!(
+        writes(&effects).is_empty(),
+        "the write waits for the count: {effects:?}"
     );
-    created.metadata.resource_version = Some("31".into());
-    created.status = Some(ResourceQuotaStatus {
-        hard: Some(w[0].hard.clone()),
-        used: Some(BTreeMap::new()),
-    });
-    h.feed(Input::Written {
-        key: second(),
-        precondition: Some("30".into()),
-        result: Ok(created),
-    });
     effects
+}
+
+/// The second quota (no status) at resourceVersion `rv`.
+fn second_quota(rv: u64) -> ResourceQuota {
+    let mut q = quota(rv, &[(CM, "10")], None);
+    q.metadata.name = Some("s".into());
+    q.metadata.uid = Some("uid-s".into());
+    q
 }
 
 fn second() -> QuotaKey {
@@ -336,7 +328,7 @@ fn counts_asked(effects: &[Effect]) -> Vec<(&QuotaKey, &str, Option<&str>)> {
 }
 
 #[test]
-fn a_new_key_on_a_quiet_watch_is_written_once_a_count_past_the_quota_vouches_for_it() {
+fn a_new_key_on_a_quiet_watch_is_written_at_once_when_a_count_at_the_quotas_version_vouches_for_it() {
     let (mut h, _) = written_at_20();
     let effects = second_quota_on_a_quiet_watch(&mut h);
     let second_key = second();
@@ -344,16 +336,35 @@ fn a_new_key_on_a_quiet_watch_is_written_once_a_count_past_the_quota_vouches_for
         counts_asked(&effects),
         vec![(&second_key, "configmaps", Some("ns"))]
     );
-    // That count (at 30) is older than the quota's version now (31, the write of
-    // status.hard): it vouches for nothing, and one is asked for the new version.
+    // A count at the quota's version, with an object the watch has not delivered yet: the
+    // first write has the key, at the count (above the two the watch delivered).
+    let effects = [h.feed(counted(30, 3)), h.tick(1)].concat();
+    let w = writes(&effects);
+    assert_eq!(w.len(), 1, "{effects:?}");
+    assert_eq!((&w[0].key, &w[0].used), (&second(), &list(&[(CM, "3")])));
+    assert!(w[0].hard.contains_key(CM), "{:?}", w[0]);
+    assert_eq!(w[0].precondition.as_deref(), Some("30"));
+}
+
+#[test]
+fn a_count_left_behind_by_a_change_of_the_quota_vouches_for_nothing_and_is_asked_again() {
+    let (mut h, _) = written_at_20();
+    second_quota_on_a_quiet_watch(&mut h);
+    // Someone changes the quota (its metadata) while the count is in flight: objects stored
+    // between 30 and 31 are not in a count at 30.
+    let mut changed = second_quota(31);
+    changed
+        .metadata
+        .labels
+        .get_or_insert_with(BTreeMap::new)
+        .insert("team".into(), "a".into());
+    h.feed(Input::Quota(QuotaEvent::Applied(changed)));
     let effects = [h.feed(counted(30, 5)), h.tick(1)].concat();
     assert!(
         writes(&effects).is_empty(),
-        "a list older than the quota: {effects:?}"
+        "a count older than the quota, and one asked at its version in flight: {effects:?}"
     );
     assert_eq!(counts_asked(&effects).len(), 1, "{effects:?}");
-    // One past it, with an object the watch has not delivered yet: written at once, at the
-    // count (above the two the watch delivered).
     let effects = [h.feed(counted(32, 3)), h.tick(1)].concat();
     let w = writes(&effects);
     assert_eq!(w.len(), 1, "{effects:?}");
@@ -371,16 +382,51 @@ fn a_new_key_on_a_quiet_watch_whose_count_failed_waits_out_the_settling_time() {
         resource: GroupResource::core("configmaps"),
         result: Err("list: 403".into()),
     });
+    // The failure ends the wait: status.hard is written at once, without the held key
+    // (admission then refuses what would charge it).
     let effects = h.tick(1);
-    assert!(writes(&effects).is_empty(), "{effects:?}");
+    let w = writes(&effects);
+    assert_eq!(w.len(), 1, "{effects:?}");
+    assert!(w[0].used.is_empty() && w[0].hard.contains_key(CM), "{:?}", w[0]);
     assert!(
         counts_asked(&effects).is_empty(),
         "a failure is not retried: {effects:?}"
+    );
+    let mut answer = written(w[0], 31);
+    answer.metadata.name = Some("s".into());
+    answer.metadata.uid = Some("uid-s".into());
+    h.feed(Input::Written {
+        key: second(),
+        precondition: Some("30".into()),
+        result: Ok(answer.clone()),
+    });
+    // The quota watch delivers the write: the quota is computed again.
+    h.feed(Input::Quota(QuotaEvent::Applied(answer)));
+    let effects = h.tick(1);
+    assert!(writes(&effects).is_empty(), "the key is held: {effects:?}");
+    assert!(
+        counts_asked(&effects).is_empty(),
+        "nor asked again at the version the write made: {effects:?}"
     );
     let effects = h.tick(crate::lowering::SETTLE_MS);
     let w = writes(&effects);
     assert_eq!(w.len(), 1, "{effects:?}");
     assert_eq!(w[0].used, list(&[(CM, "2")]));
+}
+
+#[test]
+fn a_count_that_never_answers_holds_the_write_no_longer_than_the_settling_time() {
+    let (mut h, _) = written_at_20();
+    second_quota_on_a_quiet_watch(&mut h);
+    assert!(
+        writes(&h.tick(crate::lowering::SETTLE_MS - 10)).is_empty(),
+        "still settling, the count in flight"
+    );
+    let effects = h.tick(10);
+    let w = writes(&effects);
+    assert_eq!(w.len(), 1, "{effects:?}");
+    assert_eq!((&w[0].key, &w[0].used), (&second(), &list(&[(CM, "2")])));
+    assert_eq!(w[0].precondition.as_deref(), Some("30"));
 }
 
 #[test]

@@ -112,12 +112,14 @@ fn a_key_of_a_type_not_served_is_reported_once_it_stays_uncomputed() {
     h.feed(Input::Written {
         key: key(),
         precondition: Some("31".into()),
-        result: Ok(stored),
+        result: Ok(stored.clone()),
     });
 
     // A key that leaves spec.hard while uncomputed goes without a word.
     let widgets = [(CM, "10"), ("count/widgets.example.com", "1")];
-    h.feed(Input::Quota(QuotaEvent::Applied(quota(50, &widgets, None))));
+    let mut changed = quota(50, &widgets, None);
+    changed.status = stored.status;
+    h.feed(Input::Quota(QuotaEvent::Applied(changed)));
     let effects = h.tick(1);
     assert_eq!(h.rec.books().uncomputed_since.len(), 1);
     let w = writes(&effects)[0].clone();

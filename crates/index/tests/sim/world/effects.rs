@@ -120,7 +120,9 @@ impl World {
                     served,
                     namespace,
                 } => {
-                    let delay = self.rng.range(1, 30);
+                    // A consistent list of a quiet type waits for the watch cache's next
+                    // progress request from etcd: at once when idle, else within 100 ms.
+                    let delay = self.rng.range(1, 120);
                     let resource = served.resource;
                     self.at(
                         delay,

@@ -20,6 +20,7 @@ impl World {
                 (true, 78..86) => self.delete_one(Res::Widgets, &ns),
                 (false, 87..92) | (true, 86..91) => self.edit_quota(&ns),
                 (false, 92..95) | (true, 91..95) => self.toggle_second_quota(&ns),
+                (_, 95..98) => self.label_quota(&ns),
                 _ => {}
             }
         }
@@ -112,6 +113,22 @@ impl World {
         self.server.put_quota(ns, "q", hard);
         self.quota_changed(ns, "q", None);
         self.kcm_soon(ns);
+    }
+
+    /// A change of the quota's metadata only (a label, as `kubectl label` or a GitOps tool
+    /// makes): a new resourceVersion, the same spec.
+    pub(super) fn label_quota(&mut self, ns: &str) {
+        let Some(hard) = self
+            .server
+            .quotas
+            .get(&(ns.to_owned(), "q".to_owned()))
+            .map(|q| q.hard.clone())
+        else {
+            return;
+        };
+        self.trace_line(|| format!("quota {ns}/q labelled"));
+        self.server.put_quota(ns, "q", hard);
+        self.quota_changed(ns, "q", None);
     }
 
     pub(super) fn toggle_second_quota(&mut self, ns: &str) {
