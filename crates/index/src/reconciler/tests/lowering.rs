@@ -372,6 +372,22 @@ fn a_count_left_behind_by_a_change_of_the_quota_vouches_for_nothing_and_is_asked
     assert_eq!(w[0].precondition.as_deref(), Some("31"));
 }
 
+/// Since the quota's own write waits for the count, only someone else's change of the quota
+/// leaves a count behind it, and the simulator found no seed in 95,000 where a stale count
+/// vouching writes below the truth: the rule is checked here instead, by the test above.
+#[test]
+fn mutation_a_count_older_than_the_quota_vouching_is_caught() {
+    crate::mutation::set(Some(crate::mutation::Mutation::StaleCount));
+    let result = std::panic::catch_unwind(
+        a_count_left_behind_by_a_change_of_the_quota_vouches_for_nothing_and_is_asked_again,
+    );
+    crate::mutation::set(None);
+    assert!(
+        result.is_err(),
+        "a count older than the quota vouched, and the test passed"
+    );
+}
+
 #[test]
 fn a_new_key_on_a_quiet_watch_whose_count_failed_waits_out_the_settling_time() {
     let (mut h, _) = written_at_20();
@@ -415,18 +431,42 @@ fn a_new_key_on_a_quiet_watch_whose_count_failed_waits_out_the_settling_time() {
 }
 
 #[test]
-fn a_count_that_never_answers_holds_the_write_no_longer_than_the_settling_time() {
+fn a_count_that_never_answers_holds_the_write_no_longer_than_the_settling_time_and_the_key_waits_for_its_own()
+{
     let (mut h, _) = written_at_20();
     second_quota_on_a_quiet_watch(&mut h);
     assert!(
         writes(&h.tick(crate::lowering::SETTLE_MS - 10)).is_empty(),
         "still settling, the count in flight"
     );
+    // Settled: the write goes, status.hard gains the key; its value waits for the watch
+    // still, as admission has never charged it ...
     let effects = h.tick(10);
     let w = writes(&effects);
     assert_eq!(w.len(), 1, "{effects:?}");
-    assert_eq!((&w[0].key, &w[0].used), (&second(), &list(&[(CM, "2")])));
+    assert_eq!(w[0].key, second());
+    assert!(w[0].hard.contains_key(CM) && w[0].used.is_empty(), "{:?}", w[0]);
     assert_eq!(w[0].precondition.as_deref(), Some("30"));
+    let mut answer = written(w[0], 31);
+    answer.metadata.name = Some("s".into());
+    answer.metadata.uid = Some("uid-s".into());
+    h.feed(Input::Written {
+        key: second(),
+        precondition: Some("30".into()),
+        result: Ok(answer.clone()),
+    });
+    h.feed(Input::Quota(QuotaEvent::Applied(answer)));
+    // ... and is written once the settling time that write started is over (computed again
+    // then, with no other event to wake it).
+    let effects = [
+        h.tick(crate::lowering::SETTLE_MS),
+        h.tick(crate::lowering::SETTLE_MS),
+    ]
+    .concat();
+    let w = writes(&effects);
+    assert_eq!(w.len(), 1, "{effects:?}");
+    assert_eq!((&w[0].key, &w[0].used), (&second(), &list(&[(CM, "2")])));
+    assert_eq!(w[0].precondition.as_deref(), Some("31"));
 }
 
 #[test]
@@ -444,5 +484,54 @@ fn a_count_does_not_vouch_for_a_key_to_be_lowered() {
     assert!(
         !effects.iter().any(|e| matches!(e, Effect::CountObjects { .. })),
         "no count asked for a key admission maintains: {effects:?}"
+    );
+}
+
+#[test]
+fn a_key_the_status_lacks_waits_for_its_watches_even_once_the_quota_has_settled() {
+    // A key added to a settled quota (`configmaps`, counted by the quiet ConfigMap watch);
+    // its count fails, so status.hard is written at once without it, and that write meets a
+    // conflict. The write that follows comes after the settling time, and status.hard still
+    // lacks the key: admission has charged nothing to it, so an object stored before the
+    // quota's version may not have reached the watch. Its first value waits for the watch.
+    let (mut h, _) = written_at_20();
+    h.tick(crate::lowering::SETTLE_MS);
+    let hard = [(CM, "10"), ("configmaps", "10")];
+    let mut changed = quota(30, &hard, Some(&[(CM, "2")]));
+    changed.status.as_mut().unwrap().hard = Some(list(&[(CM, "10")]));
+    let effects = [h.feed(Input::Quota(QuotaEvent::Applied(changed))), h.tick(1)].concat();
+    assert_eq!(counts_asked(&effects).len(), 1, "{effects:?}");
+    assert!(
+        writes(&effects).is_empty(),
+        "the write waits for the count: {effects:?}"
+    );
+    h.feed(Input::Counted {
+        key: key(),
+        resource: GroupResource::core("configmaps"),
+        result: Err("list: 500".into()),
+    });
+    let effects = h.tick(1);
+    let w = writes(&effects);
+    assert_eq!(w.len(), 1, "{effects:?}");
+    assert!(
+        !w[0].used.contains_key("configmaps"),
+        "held while settling: {:?}",
+        w[0]
+    );
+    h.feed(Input::Written {
+        key: key(),
+        precondition: Some("30".into()),
+        result: Err(Failure {
+            code: Some(409),
+            message: "conflict".into(),
+        }),
+    });
+    let effects = h.tick(crate::lowering::SETTLE_MS);
+    let w = writes(&effects);
+    assert_eq!(w.len(), 1, "{effects:?}");
+    assert!(
+        w[0].hard.contains_key("configmaps") && !w[0].used.contains_key("configmaps"),
+        "status.hard gains the key, its first value waits for the watch: {:?}",
+        w[0]
     );
 }
