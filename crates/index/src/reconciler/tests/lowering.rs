@@ -293,6 +293,20 @@ fn second_quota_on_a_quiet_watch(h: &mut Harness) -> Vec<Effect> {
     effects
 }
 
+/// The second quota's write `w` (made over 30) answered at 31, and the quota watch
+/// delivering it.
+fn second_written_at_31(h: &mut Harness, w: &StatusWrite) {
+    let mut answer = written(w, 31);
+    answer.metadata.name = Some("s".into());
+    answer.metadata.uid = Some("uid-s".into());
+    h.feed(Input::Written {
+        key: second(),
+        precondition: Some("30".into()),
+        result: Ok(answer.clone()),
+    });
+    h.feed(Input::Quota(QuotaEvent::Applied(answer)));
+}
+
 /// The second quota (no status) at resourceVersion `rv`.
 fn second_quota(rv: u64) -> ResourceQuota {
     let mut q = quota(rv, &[(CM, "10")], None);
@@ -408,16 +422,8 @@ fn a_new_key_on_a_quiet_watch_whose_count_failed_waits_out_the_settling_time() {
         counts_asked(&effects).is_empty(),
         "a failure is not retried: {effects:?}"
     );
-    let mut answer = written(w[0], 31);
-    answer.metadata.name = Some("s".into());
-    answer.metadata.uid = Some("uid-s".into());
-    h.feed(Input::Written {
-        key: second(),
-        precondition: Some("30".into()),
-        result: Ok(answer.clone()),
-    });
     // The quota watch delivers the write: the quota is computed again.
-    h.feed(Input::Quota(QuotaEvent::Applied(answer)));
+    second_written_at_31(&mut h, w[0]);
     let effects = h.tick(1);
     assert!(writes(&effects).is_empty(), "the key is held: {effects:?}");
     assert!(
@@ -447,15 +453,7 @@ fn a_count_that_never_answers_holds_the_write_no_longer_than_the_settling_time_a
     assert_eq!(w[0].key, second());
     assert!(w[0].hard.contains_key(CM) && w[0].used.is_empty(), "{:?}", w[0]);
     assert_eq!(w[0].precondition.as_deref(), Some("30"));
-    let mut answer = written(w[0], 31);
-    answer.metadata.name = Some("s".into());
-    answer.metadata.uid = Some("uid-s".into());
-    h.feed(Input::Written {
-        key: second(),
-        precondition: Some("30".into()),
-        result: Ok(answer.clone()),
-    });
-    h.feed(Input::Quota(QuotaEvent::Applied(answer)));
+    second_written_at_31(&mut h, w[0]);
     // ... and is written once the settling time that write started is over (computed again
     // then, with no other event to wake it).
     let effects = [
