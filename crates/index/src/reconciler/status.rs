@@ -228,8 +228,7 @@ impl Reconciler {
             return None;
         }
         let entry = self.engine.index.get(key)?;
-        let settled =
-            self.epoch + std::time::Duration::from_millis(entry.payload.spec_ms + lowering::SETTLE_MS);
+        let settled = self.settles_at(&entry.payload);
         if now.instant >= settled {
             // Every object stored since has been charged to the quota, so the charges
             // (`hold_lowering`) cover what the watches have not delivered yet.
@@ -267,9 +266,13 @@ impl Reconciler {
     /// counts are forgotten.
     fn count_in_flight(&self, key: &QuotaKey, now: Now) -> Option<std::time::Instant> {
         let entry = self.engine.index.get(key)?;
-        let settled =
-            self.epoch + std::time::Duration::from_millis(entry.payload.spec_ms + lowering::SETTLE_MS);
+        let settled = self.settles_at(&entry.payload);
         (now.instant < settled && self.counts.waiting(key, entry.payload.view.0)).then_some(settled)
+    }
+
+    /// When the quota's settling time ([`lowering::SETTLE_MS`] after its last change) ends.
+    fn settles_at(&self, state: &crate::engine::QuotaState) -> std::time::Instant {
+        self.epoch + std::time::Duration::from_millis(state.spec_ms + lowering::SETTLE_MS)
     }
 
     /// The keys of `decision` the watches have not caught up with (see

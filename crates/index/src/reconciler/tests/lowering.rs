@@ -284,8 +284,11 @@ fn a_key_first_enforced_long_after_the_quota_appeared_settles_from_its_first_wri
 /// past it).
 fn second_quota_on_a_quiet_watch(h: &mut Harness) -> Vec<Effect> {
     h.tick(crate::lowering::SETTLE_MS);
-    h.feed(Input::Quota(QuotaEvent::Applied(second_quota(30))));
-    let effects = h.tick(1);
+    let effects = [
+        h.feed(Input::Quota(QuotaEvent::Applied(second_quota(30)))),
+        h.tick(1),
+    ]
+    .concat();
     assert!(
         writes(&effects).is_empty(),
         "the write waits for the count: {effects:?}"
