@@ -9,6 +9,7 @@
 mod common;
 
 use std::{
+    fmt::Write as _,
     process::{Command, Stdio},
     time::Duration,
 };
@@ -50,7 +51,10 @@ async fn kcps_own_quota_e2e_suite_passes_with_lazyquota_as_the_only_writer() {
         (KcpShard::get(KcpFlavor::OwnQuota), None)
     } else {
         let shard = KcpShard::get(KcpFlavor::LazyquotaOnly);
-        (shard, Some(Lazyquota::on_kcp_shard(shard, &[])))
+        // The reconciler's decisions at debug: a failure prints those of its workspaces.
+        let filter = std::env::var("LAZYQUOTA_TEST_LOG")
+            .unwrap_or_else(|_| "info,lazyquota_index::reconciler=debug".into());
+        (shard, Some(Lazyquota::on_kcp_shard_logging(shard, &[], &filter)))
     };
     let binary = e2e_binary();
     // The framework looks for kcp's source tree when it starts; an external server needs
@@ -99,12 +103,13 @@ async fn kcps_own_quota_e2e_suite_passes_with_lazyquota_as_the_only_writer() {
     };
     assert!(
         out.status.success() && failed.is_empty() && passed.len() == FUNCTIONS.len(),
-        "kcp's e2e quota suite: {} of {} functions passed, failures: {failed:#?}\n--- the suite's last lines ---\n{}\n{}\n--- lazyquota's log (last lines) ---\n{}",
+        "kcp's e2e quota suite: {} of {} functions passed, failures: {failed:#?}\n--- the suite's last lines ---\n{}\n{}\n--- lazyquota's log (last lines) ---\n{}\n--- lazyquota's log of the failed tests' logical clusters ---\n{}",
         passed.len(),
         FUNCTIONS.len(),
         last(&stdout, 150),
         last(&String::from_utf8_lossy(&out.stderr), 30),
         last(&log, 80),
+        failed_clusters_log(&stdout, &log),
     );
     println!(
         "kcp's e2e quota suite against {}: {} of {} test functions passed",
@@ -116,4 +121,57 @@ async fn kcps_own_quota_e2e_suite_passes_with_lazyquota_as_the_only_writer() {
         passed.len(),
         FUNCTIONS.len()
     );
+}
+
+/// The logical clusters each test of `go test -v` output created (`... as /clusters/<name>`),
+/// by test name: output of parallel tests is interleaved under `=== NAME` (`RUN`, `CONT`)
+/// headers.
+fn clusters_by_test(stdout: &str) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut by_test: std::collections::BTreeMap<String, Vec<String>> = std::collections::BTreeMap::new();
+    let mut current = String::new();
+    for line in stdout.lines() {
+        let trimmed = line.trim_start();
+        if let Some(rest) = ["=== RUN", "=== NAME", "=== CONT"]
+            .iter()
+            .find_map(|h| trimmed.strip_prefix(h))
+        {
+            rest.trim().clone_into(&mut current);
+        } else if let Some((_, after)) = trimmed.split_once(" as /clusters/") {
+            let name: String = after.chars().take_while(char::is_ascii_alphanumeric).collect();
+            by_test.entry(current.clone()).or_default().push(name);
+        }
+    }
+    by_test
+}
+
+/// lazyquota's log lines naming a logical cluster of a failed test (discovery's lines left
+/// out), the last 200 per cluster: what the reconciler decided for the workspace that failed.
+fn failed_clusters_log(stdout: &str, log: &str) -> String {
+    let by_test = clusters_by_test(stdout);
+    let mut out = String::new();
+    for line in stdout.lines() {
+        let Some(test) = line.trim_start().strip_prefix("--- FAIL: ") else {
+            continue;
+        };
+        let test = test.split(' ').next().unwrap_or_default();
+        for cluster in by_test.get(test).into_iter().flatten() {
+            let lines: Vec<&str> = log
+                .lines()
+                .filter(|l| l.contains(cluster.as_str()) && !l.contains("discovery change"))
+                .collect();
+            let shown = lines[lines.len().saturating_sub(200)..].join("\n");
+            let _ = writeln!(out, "--- {test}: {cluster} ({} lines) ---\n{shown}", lines.len());
+        }
+    }
+    out
+}
+
+#[test]
+fn the_clusters_of_a_failed_test_are_found_in_interleaved_output() {
+    let stdout = "=== RUN   TestA/tc3\n    x.go:1: Created root:universal workspace root:w:user as /clusters/abc123 on shard \"root\"\n=== NAME  TestA/tc4\n    x.go:1: Created root:universal workspace root:v:user as /clusters/def456 on shard \"root\"\n    --- FAIL: TestA/tc4 (1.00s)\n";
+    let log = "a line about abc123\nwatch started def456|configmaps\ndiscovery change def456\n";
+    let found = failed_clusters_log(stdout, log);
+    assert!(found.contains("TestA/tc4: def456 (1 lines)"), "{found}");
+    assert!(found.contains("watch started def456|configmaps"), "{found}");
+    assert!(!found.contains("abc123"), "{found}");
 }

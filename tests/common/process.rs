@@ -28,11 +28,20 @@ impl Lazyquota {
     /// `lazyquota run --kcp-shard-url <shard> <extra>` with the shard admin's credentials, as
     /// one process per shard is deployed.
     pub fn on_kcp_shard(shard: &lazyquota_testenv::kcp::KcpShard, extra: &[&str]) -> Self {
+        Self::on_kcp_shard_logging(shard, extra, "info")
+    }
+
+    /// [`Lazyquota::on_kcp_shard`] with `RUST_LOG` set to `filter`.
+    pub fn on_kcp_shard_logging(
+        shard: &lazyquota_testenv::kcp::KcpShard,
+        extra: &[&str],
+        filter: &str,
+    ) -> Self {
         let kubeconfig = std::env::temp_dir().join(format!("{}.kubeconfig", unique_name("shard")));
         shard.shard_kubeconfig(&kubeconfig).expect("kubeconfig");
         let mut args = vec!["--kcp-shard-url", shard.url()];
         args.extend_from_slice(extra);
-        Self::start(&kubeconfig, &args)
+        Self::start_logging(&kubeconfig, &args, filter)
     }
 
     /// [`Lazyquota::start`] with `RUST_LOG` set to `filter`.
