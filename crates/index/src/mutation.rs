@@ -31,6 +31,10 @@ pub enum Mutation {
     /// their share again while it is still down, so a share listed meanwhile counts as
     /// current although the events after its list do not come until the watch is back.
     SharesRejoinFailedWatch,
+    /// Found by the simulator once tenants label quotas: once the settling time is over, a
+    /// key the stored `status.hard` lacks (never charged by admission) is written for the
+    /// first time without waiting for its watches, though its first write came late.
+    UnenforcedAfterSettling,
     /// A watch failing after its sync is reopened at once every time, so one whose list
     /// succeeds but whose watch cannot start lists again and again without backoff.
     RestartsWithoutBackoff,

@@ -211,7 +211,8 @@ impl Reconciler {
             .collect()
     }
 
-    /// For [`lowering::SETTLE_MS`] after a quota is created or its keys change, holds back
+    /// For [`lowering::SETTLE_MS`] after a quota is created or its keys change (and after it,
+    /// for keys its `status.hard` lacks), holds back
     /// keys written lower or for the first time while a watch the quota is computed from has
     /// not come as far as the quota's resourceVersion ([`lowering::hold_until_caught_up`]):
     /// an object admitted before a key existed is not charged to it, so only the watch can
@@ -230,10 +231,29 @@ impl Reconciler {
         let entry = self.engine.index.get(key)?;
         let settled = self.settles_at(&entry.payload);
         if now.instant >= settled {
-            // Every object stored since has been charged to the quota, so the charges
-            // (`hold_lowering`) cover what the watches have not delivered yet.
+            // Every object stored since has been charged to the quota for the keys of its
+            // `status.hard`, so the charges (`hold_lowering`) cover what the watches have not
+            // delivered yet. Not for a key `status.hard` lacks: admission never charged it, and
+            // its first write may come long after the quota changed (a discovery that failed,
+            // a hung write holding the concurrency, conflicts). It waits for its watches as in
+            // the settling time; the write that puts it into `status.hard` starts that again.
             self.counts.forget(key);
-            return None;
+            let unenforced = decision.used.keys().any(|k| !entry.payload.maintained(k));
+            if !unenforced || active(Mutation::UnenforcedAfterSettling) {
+                // The common case, a settled quota whose keys are all enforced, costs no
+                // look at the watches.
+                return None;
+            }
+            let (behind, _) = self.behind_the_quota(key, sources, decision, now);
+            let entry = self.engine.index.get(key)?;
+            let state = &entry.payload;
+            let held = lowering::hold_until_caught_up(
+                state,
+                |name| behind.contains(name) && !state.maintained(name),
+                decision,
+            );
+            // Computed again once the settling time this write starts is over.
+            return held.then(|| now.instant + std::time::Duration::from_millis(lowering::SETTLE_MS));
         }
         let rv = entry.payload.view.0;
         let (mut behind, countable) = self.behind_the_quota(key, sources, decision, now);

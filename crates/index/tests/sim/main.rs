@@ -130,13 +130,31 @@ parts!(
 
 /// Seeds beyond the CI range that `make sim-soak` found failing, each fixed since: they run in
 /// CI too, so the paths they found stay closed (as long as the model runs them the same way).
-const SOAK_FINDS: [u64; 5] = [
+const SOAK_FINDS: [u64; 8] = [
     11_039,  // a late write response taken as maintaining a key added back since
     94_780,  // a charge on a stored value already short
     95_145,  // a charge behind a late write response and a relist
     202_764, // a new key of a pod charged before the key existed, stored after it
     132_441, // a namespace filled into a kcp subscriber whose shared watch's reopen waited
+    12_730,  // a new key's first write held up past the settling time (a hung write), then the quota labelled
+    181_821, // the same on kcp: a discovery that failed for a second
+    49_813,  // the same, found again once counts held the write
 ];
+
+/// The seeds that found a first value written past the settling time without waiting for
+/// the watches fail again with that rule put back.
+#[test]
+fn mutation_a_key_unenforced_after_the_settling_time_is_caught() {
+    for seed in [12_730, 49_813, 181_821] {
+        let report = run(Options {
+            seed,
+            mutation: Some(Mutation::UnenforcedAfterSettling),
+            trace: false,
+        });
+        let violation = report.violation.unwrap_or_default();
+        assert!(violation.starts_with("safety"), "seed {seed}: {violation:?}");
+    }
+}
 
 #[test]
 fn seeds_the_soak_found() {

@@ -440,18 +440,34 @@ fn a_new_key_on_a_quiet_watch_whose_count_failed_waits_out_the_settling_time() {
 }
 
 #[test]
-fn a_count_that_never_answers_holds_the_write_no_longer_than_the_settling_time() {
+fn a_count_that_never_answers_holds_the_write_no_longer_than_the_settling_time_and_the_key_waits_for_its_own()
+{
     let (mut h, _) = written_at_20();
     second_quota_on_a_quiet_watch(&mut h);
     assert!(
         writes(&h.tick(crate::lowering::SETTLE_MS - 10)).is_empty(),
         "still settling, the count in flight"
     );
+    // Settled: the write goes, status.hard gains the key; its value waits for the watch
+    // still, as admission has never charged it ...
     let effects = h.tick(10);
     let w = writes(&effects);
     assert_eq!(w.len(), 1, "{effects:?}");
-    assert_eq!((&w[0].key, &w[0].used), (&second(), &list(&[(CM, "2")])));
+    assert_eq!(w[0].key, second());
+    assert!(w[0].hard.contains_key(CM) && w[0].used.is_empty(), "{:?}", w[0]);
     assert_eq!(w[0].precondition.as_deref(), Some("30"));
+    second_written_at_31(&mut h, w[0]);
+    // ... and is written once the settling time that write started is over (computed again
+    // then, with no other event to wake it).
+    let effects = [
+        h.tick(crate::lowering::SETTLE_MS),
+        h.tick(crate::lowering::SETTLE_MS),
+    ]
+    .concat();
+    let w = writes(&effects);
+    assert_eq!(w.len(), 1, "{effects:?}");
+    assert_eq!((&w[0].key, &w[0].used), (&second(), &list(&[(CM, "2")])));
+    assert_eq!(w[0].precondition.as_deref(), Some("31"));
 }
 
 #[test]
@@ -469,5 +485,54 @@ fn a_count_does_not_vouch_for_a_key_to_be_lowered() {
     assert!(
         !effects.iter().any(|e| matches!(e, Effect::CountObjects { .. })),
         "no count asked for a key admission maintains: {effects:?}"
+    );
+}
+
+#[test]
+fn a_key_the_status_lacks_waits_for_its_watches_even_once_the_quota_has_settled() {
+    // A key added to a settled quota (`configmaps`, counted by the quiet ConfigMap watch);
+    // its count fails, so status.hard is written at once without it, and that write meets a
+    // conflict. The write that follows comes after the settling time, and status.hard still
+    // lacks the key: admission has charged nothing to it, so an object stored before the
+    // quota's version may not have reached the watch. Its first value waits for the watch.
+    let (mut h, _) = written_at_20();
+    h.tick(crate::lowering::SETTLE_MS);
+    let hard = [(CM, "10"), ("configmaps", "10")];
+    let mut changed = quota(30, &hard, Some(&[(CM, "2")]));
+    changed.status.as_mut().unwrap().hard = Some(list(&[(CM, "10")]));
+    let effects = [h.feed(Input::Quota(QuotaEvent::Applied(changed))), h.tick(1)].concat();
+    assert_eq!(counts_asked(&effects).len(), 1, "{effects:?}");
+    assert!(
+        writes(&effects).is_empty(),
+        "the write waits for the count: {effects:?}"
+    );
+    h.feed(Input::Counted {
+        key: key(),
+        resource: GroupResource::core("configmaps"),
+        result: Err("list: 500".into()),
+    });
+    let effects = h.tick(1);
+    let w = writes(&effects);
+    assert_eq!(w.len(), 1, "{effects:?}");
+    assert!(
+        !w[0].used.contains_key("configmaps"),
+        "held while settling: {:?}",
+        w[0]
+    );
+    h.feed(Input::Written {
+        key: key(),
+        precondition: Some("30".into()),
+        result: Err(Failure {
+            code: Some(409),
+            message: "conflict".into(),
+        }),
+    });
+    let effects = h.tick(crate::lowering::SETTLE_MS);
+    let w = writes(&effects);
+    assert_eq!(w.len(), 1, "{effects:?}");
+    assert!(
+        w[0].hard.contains_key("configmaps") && !w[0].used.contains_key("configmaps"),
+        "status.hard gains the key, its first value waits for the watch: {:?}",
+        w[0]
     );
 }
