@@ -300,6 +300,7 @@ impl Reconciler {
             Input::Counted {
                 key,
                 resource,
+                namespace,
                 result,
             } => {
                 let answer = match &result {
@@ -313,7 +314,10 @@ impl Reconciler {
                     resource: crate::planner::resource_label(&resource),
                     result: answer,
                 }));
-                if self.counts.answered(&key, &resource, result.ok()) {
+                if self
+                    .counts
+                    .answered(&key, &resource, namespace.as_deref(), result.ok())
+                {
                     self.queue.add(key, now.instant);
                 }
             }

@@ -316,7 +316,7 @@ impl Controller {
                         namespace.as_deref(),
                     );
                     self.answers
-                        .push(counts::count(api, key, served.resource).boxed());
+                        .push(counts::count(api, key, served.resource, namespace).boxed());
                 }
                 Effect::Event {
                     quota,

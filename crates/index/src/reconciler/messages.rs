@@ -79,6 +79,10 @@ pub enum Input {
         key: QuotaKey,
         /// The resource counted.
         resource: GroupResource,
+        /// The namespace counted, as asked (`None`: every namespace): a count of another
+        /// scope than the quota's now (a kcp quota that became cluster-scoped meanwhile)
+        /// vouches for nothing.
+        namespace: Option<String>,
         /// The list's resourceVersion and how many objects it had, or the error.
         result: Result<Counted, String>,
     },

@@ -258,7 +258,8 @@ impl Reconciler {
         let rv = entry.payload.view.0;
         let (mut behind, countable) = self.behind_the_quota(key, sources, decision, now);
         for (name, resource) in countable {
-            match self.counts.vouching(key, &resource, rv) {
+            let namespace = self.counted_namespace(key);
+            match self.counts.vouching(key, &resource, rv, namespace.as_deref()) {
                 Some(objects) => {
                     if let Some(ours) = decision.used.get_mut(&name) {
                         let counted = Quantity::from_count(objects);
@@ -364,17 +365,23 @@ impl Reconciler {
         (behind, countable)
     }
 
+    /// The namespace a count for the quota lists (`None`: every namespace, a kcp
+    /// cluster-scoped quota's).
+    fn counted_namespace(&self, key: &QuotaKey) -> Option<String> {
+        let namespace = self.engine.index.get(key)?.demand_namespace();
+        (&**namespace != crate::keys::ALL_NAMESPACES).then(|| namespace.to_string())
+    }
+
     /// Asks for a count of `resource` for the quota at `revision`, once, within the bounds.
     fn ask_count(&mut self, key: &QuotaKey, resource: &GroupResource, revision: u64) {
-        let Some(entry) = self.engine.index.get(key) else {
+        if self.engine.index.get(key).is_none() {
             return;
-        };
+        }
         let Some(served) = self.engine.resolver.get(&key.cluster, resource).cloned() else {
             return;
         };
-        let namespace = entry.demand_namespace();
-        let namespace = (&**namespace != crate::keys::ALL_NAMESPACES).then(|| namespace.to_string());
-        if self.counts.ask(key, resource, revision) {
+        let namespace = self.counted_namespace(key);
+        if self.counts.ask(key, resource, revision, namespace.as_deref()) {
             debug!(quota = %key, %resource, revision, "a new key on a quiet watch: counting its objects");
             self.effects.push(Effect::CountObjects {
                 key: key.clone(),

@@ -34,8 +34,14 @@ pub(super) fn api(
     routed_api(client, route, namespace, api_resource(served))
 }
 
-/// Carries out `Effect::CountObjects` for `key` with `api`: one page, and what remains.
-pub(super) async fn count(api: Api<Metadata>, key: QuotaKey, resource: GroupResource) -> Input {
+/// Carries out `Effect::CountObjects` for `key` with `api` (listing `namespace`): one page,
+/// and what remains.
+pub(super) async fn count(
+    api: Api<Metadata>,
+    key: QuotaKey,
+    resource: GroupResource,
+    namespace: Option<String>,
+) -> Input {
     let result = match api.list(&ListParams::default().limit(PAGE)).await {
         Ok(page) => counted(&page.metadata, page.items.len()),
         Err(error) => Err(error.to_string()),
@@ -43,6 +49,7 @@ pub(super) async fn count(api: Api<Metadata>, key: QuotaKey, resource: GroupReso
     Input::Counted {
         key,
         resource,
+        namespace,
         result,
     }
 }

@@ -326,6 +326,7 @@ fn counted(revision: u64, objects: u64) -> Input {
     Input::Counted {
         key: second(),
         resource: GroupResource::core("configmaps"),
+        namespace: Some("ns".into()),
         result: Ok(Counted { revision, objects }),
     }
 }
@@ -413,6 +414,7 @@ fn a_new_key_on_a_quiet_watch_whose_count_failed_waits_out_the_settling_time() {
     h.feed(Input::Counted {
         key: second(),
         resource: GroupResource::core("configmaps"),
+        namespace: Some("ns".into()),
         result: Err("list: 403".into()),
     });
     // The failure ends the wait: status.hard is written at once, without the held key
@@ -509,6 +511,7 @@ fn a_key_the_status_lacks_waits_for_its_watches_even_once_the_quota_has_settled(
     h.feed(Input::Counted {
         key: key(),
         resource: GroupResource::core("configmaps"),
+        namespace: Some("ns".into()),
         result: Err("list: 500".into()),
     });
     let effects = h.tick(1);

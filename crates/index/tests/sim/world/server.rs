@@ -276,6 +276,7 @@ impl World {
             Ev::Answer(Input::Counted {
                 key,
                 resource,
+                namespace: namespace.map(str::to_owned),
                 result,
             }),
         );
