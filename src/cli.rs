@@ -100,10 +100,11 @@ pub(crate) struct ClusterArgs {
     #[arg(long, value_name = "NAME", default_value = "root", requires = "kcp_shard_url")]
     pub(crate) kcp_home_cluster: String,
     /// kcp: from this many logical clusters watching a type for counts on, one shared wildcard
-    /// metadata watch serves them all (0: never share). The default, 2, is where sharing costs
-    /// less memory: a share of a shared watch is an entry in its fan-out, a watch of its own
-    /// carries kube's watch machinery; exact heap per engaged workspace 8.08 KiB sharing against
-    /// 21.48 KiB with watches of their own (benches/results/kcp-exact/kcp.md).
+    /// metadata watch serves them all (0: never share). The default, 2, is where sharing stops
+    /// costing lazyquota memory and starts saving the shard watches: at two workspaces per type
+    /// the same heap as their own watches and half the watches on the shard
+    /// (benches/results/kcp-threshold-89a5124/threshold.md); from 2.5 on less heap as well
+    /// (benches/results/kcp-exact/kcp.md: 8.08 KiB per engaged workspace against 21.48).
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub(crate) kcp_shared_watch_threshold: usize,
     /// Feature gates as KCM's flag of that name sets them (`Name=true,Name=false`), over the
