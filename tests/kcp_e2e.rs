@@ -51,9 +51,11 @@ async fn kcps_own_quota_e2e_suite_passes_with_lazyquota_as_the_only_writer() {
         (KcpShard::get(KcpFlavor::OwnQuota), None)
     } else {
         let shard = KcpShard::get(KcpFlavor::LazyquotaOnly);
-        // The reconciler's decisions at debug: a failure prints those of its workspaces.
-        let filter = std::env::var("LAZYQUOTA_TEST_LOG")
-            .unwrap_or_else(|_| "info,lazyquota_index::reconciler=debug".into());
+        // The reconciler's decisions at debug (discovery's changes, hundreds a run, not): a
+        // failure prints those of its workspaces.
+        let filter = std::env::var("LAZYQUOTA_TEST_LOG").unwrap_or_else(|_| {
+            "info,lazyquota_index::reconciler=debug,lazyquota_index::reconciler::discovery=info".into()
+        });
         (shard, Some(Lazyquota::on_kcp_shard_logging(shard, &[], &filter)))
     };
     let binary = e2e_binary();

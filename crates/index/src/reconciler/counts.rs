@@ -15,8 +15,8 @@
 //! admission refuses what would charge a key of `status.hard` without a `used`, and does not
 //! charge one `status.hard` lacks), so nothing the write must cover is outside the list or the
 //! watch. The key is then written at once, at no less than that count. One list per quota
-//! version, resource and scope (the namespace listed, carried back with the answer); at most [`MAX_IN_FLIGHT`] at once; after a failed one the key waits
-//! out the settling time as before.
+//! version, resource and scope (the namespace listed, carried back with the answer); at most
+//! [`MAX_IN_FLIGHT`] at once; after a failed one the key waits out the settling time as before.
 //!
 //! While a count asked at the quota's version is in flight, the quota is not written
 //! ([`Counts::waiting`]): any write moves the quota past the count's version, so the count

@@ -257,8 +257,12 @@ impl Reconciler {
         }
         let rv = entry.payload.view.0;
         let (mut behind, countable) = self.behind_the_quota(key, sources, decision, now);
+        let namespace = if countable.is_empty() {
+            None
+        } else {
+            self.counted_namespace(key)
+        };
         for (name, resource) in countable {
-            let namespace = self.counted_namespace(key);
             match self.counts.vouching(key, &resource, rv, namespace.as_deref()) {
                 Some(objects) => {
                     if let Some(ours) = decision.used.get_mut(&name) {
