@@ -222,7 +222,9 @@ fn header(md: &mut String, args: &Args, plan: &Plan, r: &Results, started: Insta
          `lazyquota_kcp_shared_watches`.\n\n\
          Latencies ({} samples per case, step and configuration, one at a time, the cases \
          interleaved): a watch on quota `{SAMPLE}` is opened, the quota is created, and the time from \
-         the create until the watch delivers it with status.used equal to the objects is taken. The \
+         the create until the watch delivers it with status.used equal to the objects is taken, \
+         split into the create request's own time (kcp admitting the quota, before any controller \
+         can see it) and what came after the create returned (the controller's own part). The \
          cases differ in what lazyquota has when the quota appears: *cold* — a consumer without a \
          standing quota, on a bound type no quota of the shard counts (lazyquota engages the \
          workspace, discovers it and opens a watch of its own); *warm, shared watch* — a consumer \
@@ -520,9 +522,9 @@ fn latencies(md: &mut String, r: &Results, bs: &[usize]) {
     let _ = writeln!(md, "\n## Latencies (p50 / p99 ms)\n");
     let _ = writeln!(
         md,
-        "| B | case | create → status.used, kcp's controller (1) | create → status.used, lazyquota (3) | delete → disengaged (3) | delete → watches released (3) | samples that opened a watch |"
+        "| B | case | create → status.used, kcp's controller (1) | of which the create request (1) | after the create returned (1) | create → status.used, lazyquota (3) | of which the create request (3) | after the create returned (3) | delete → disengaged (3) | delete → watches released (3) | samples that opened a watch |"
     );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|");
     for (s, b) in bs.iter().enumerate().skip(1) {
         let kcp = r.latency.get(&(s, Config::KcpQuota));
         let lq = r.latency.get(&(s, Config::Lazyquota));
@@ -536,10 +538,14 @@ fn latencies(md: &mut String, r: &Results, bs: &[usize]) {
             }
             let _ = writeln!(
                 md,
-                "| {b} | {} | {} | {} | {} | {} | {} |",
+                "| {b} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 case.name(),
                 p50_p99(kcp_create),
+                p50_p99(kcp.and_then(|x| x.post.get(&case))),
+                p50_p99(kcp.and_then(|x| x.after.get(&case))),
                 p50_p99(lq_create),
+                p50_p99(lq.and_then(|x| x.post.get(&case))),
+                p50_p99(lq.and_then(|x| x.after.get(&case))),
                 p50_p99(lq.and_then(|x| x.disengage.get(&case))),
                 p50_p99(lq.and_then(|x| x.release.get(&case))),
                 lq.map_or_else(
