@@ -99,6 +99,31 @@ pub(crate) fn targets(
     .collect()
 }
 
+/// Lists every type `targets` sample once (`limit=1`, in the first workspace that samples it),
+/// so that the shard has served each since it started, as a shard in use has: kcp builds a
+/// bound type's serving storage at the type's first request after a start, which kcp's
+/// controller's informers make when the shard starts and a lazy controller would otherwise
+/// meet inside its first sample of the type. Both configurations alike (`--touch-types`).
+pub(crate) async fn touch_types(
+    shard: &Shard,
+    clusters: &[String],
+    targets: &[(Case, Vec<(usize, String)>)],
+) {
+    let mut touched = std::collections::BTreeSet::new();
+    for (i, key) in targets.iter().flat_map(|(_, list)| list) {
+        let group = key
+            .strip_prefix("count/widgets.")
+            .unwrap_or_else(|| panic!("a sampled key names no widgets type: {key}"));
+        if !touched.insert(group) {
+            continue;
+        }
+        let path = format!("/clusters/{}/apis/{group}/v1/widgets?limit=1", clusters[*i]);
+        call(&shard.root, "GET", &path, None)
+            .await
+            .unwrap_or_else(|e| panic!("listing {path}: {e}"));
+    }
+}
+
 /// What the samples of one configuration measured, per case.
 #[derive(Default)]
 pub(crate) struct Samples {
@@ -115,6 +140,9 @@ pub(crate) struct Samples {
     pub(crate) release: BTreeMap<Case, Vec<Duration>>,
     /// lazyquota only: samples during which lazyquota had more watches open than before.
     pub(crate) opened: BTreeMap<Case, usize>,
+    /// Every sample in the order taken: its case, its workspace, create → status and the
+    /// create request (`latency.tsv`, so a tail can be traced to its samples).
+    pub(crate) each: Vec<(Case, String, Duration, Duration)>,
 }
 
 /// Every target's sample, one at a time, the cases interleaved (a drift of the shard over the

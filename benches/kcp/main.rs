@@ -24,6 +24,8 @@
 //!                                                       # (CI: `cargo test --workspace --bench kcp -- --quick`)
 //! cargo bench --bench kcp -- --workspaces 100 --exports 20 --latency-only --out /tmp/kcp-latency
 //!                                                       # the latency samples alone, at the last step
+//!                                                       # (`--touch-types`: every sampled type listed
+//!                                                       # once before the samples, in 1 and 3 alike)
 //! cargo bench --bench kcp -- --workspaces 100 --exports 20 --latency-only --samples 0 --cost-runs 4 \
 //!     --out /tmp/kcp-cost                               # kcp's quota controller's cost, 4 on/off pairs
 //! cargo bench --bench kcp -- --workspaces 1000 --exports 50 --bindings-per-workspace 5 --settle 15 \

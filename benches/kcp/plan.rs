@@ -26,6 +26,8 @@ pub(crate) const LATENCY_PATIENCE: Duration = Duration::from_mins(2);
 /// Samples in the stability window.
 pub(crate) const WINDOW: usize = 5;
 
+/// The command line's flags (each bool a flag of its own).
+#[allow(clippy::struct_excessive_bools)]
 pub(crate) struct Args {
     pub(crate) workspaces: usize,
     pub(crate) exports: usize,
@@ -58,6 +60,9 @@ pub(crate) struct Args {
     /// `--exact-own-watches`: the exact-heap series again with `--kcp-shared-watch-threshold 0`
     /// (every engaged workspace its own watch, never a share of a shared one).
     pub(crate) exact_own_watches: bool,
+    /// Before each configuration's samples, every sampled type listed once (see
+    /// `latency::touch_types`).
+    pub(crate) touch_types: bool,
     pub(crate) out: PathBuf,
     pub(crate) quick: bool,
     /// `--shards N` (N ≥ 2): the run across a sharded kcp (`crate::sharded`); 0: one shard.
@@ -92,6 +97,7 @@ impl Args {
                 exact_steps: 2,
                 exact_baseline: None,
                 exact_own_watches: false,
+                touch_types: false,
                 poll: Duration::from_millis(500),
                 out: std::env::temp_dir().join("lazyquota-bench-kcp-quick"),
                 quick,
@@ -116,6 +122,7 @@ impl Args {
                 exact_steps: 4,
                 exact_baseline: None,
                 exact_own_watches: false,
+                touch_types: false,
                 poll: Duration::from_secs(2),
                 out: repo().join("benches/results/kcp"),
                 quick,
@@ -145,6 +152,7 @@ impl Args {
                 "--shared-threshold" => a.shared_threshold = num(value()),
                 "--exact-steps" => a.exact_steps = num(value()),
                 "--exact-own-watches" => a.exact_own_watches = true,
+                "--touch-types" => a.touch_types = true,
                 "--exact-baseline" => {
                     let value = value();
                     let (label, path) = value
@@ -159,7 +167,7 @@ impl Args {
                     "unknown flag {other} (--quick, --latency-only, --workspaces, --exports, --providers, \
                      --bindings-per-workspace, --objects, --quota-percent, --samples, --concurrency, \
                      --settle, --settle-max, --lq-settle, --shared-threshold, --exact-steps, --exact-baseline, \
-                     --exact-own-watches, --cost-runs, --shards, --out)"
+                     --exact-own-watches, --touch-types, --cost-runs, --shards, --out)"
                 ),
             }
         }

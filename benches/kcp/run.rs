@@ -8,7 +8,7 @@ use std::{
 
 use futures::{StreamExt as _, stream};
 
-use crate::latency::{sample, targets};
+use crate::latency::{sample, targets, touch_types};
 use crate::plan::{Args, Config, ENGAGED, NS, Plan, Reading, Results, STANDING};
 use crate::report::{machine_facts, write_results};
 use crate::scenario::{
@@ -127,6 +127,9 @@ pub(crate) async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
         )
         .await;
         if s > 0 {
+            if args.touch_types {
+                touch_types(&shard, &clusters, &targets).await;
+            }
             let samples = sample(&shard, &clusters, &targets, args.objects, None).await;
             res.latency.insert((s, Config::KcpQuota), samples);
         }
@@ -180,6 +183,9 @@ pub(crate) async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
         )
         .await;
         if s > 0 {
+            if args.touch_types {
+                touch_types(&shard, &clusters, &targets).await;
+            }
             let samples = sample(&shard, &clusters, &targets, args.objects, Some(&mut lq)).await;
             res.latency.insert((s, Config::Lazyquota), samples);
         }
