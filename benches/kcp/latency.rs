@@ -172,6 +172,7 @@ pub(crate) async fn sample(
                 .entry(*case)
                 .or_default()
                 .push(took.saturating_sub(post));
+            out.each.push((*case, clusters[*i].clone(), took, post));
             let t = Instant::now();
             delete_quota(shard, &clusters[*i], SAMPLE).await;
             if let (Some(lq), Some((engaged, watches))) = (lq.as_deref_mut(), before) {
