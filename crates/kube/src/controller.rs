@@ -61,7 +61,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use api_changes::api_change_stream;
-use discovery::{Discovered, discover};
+use discovery::{Discovered, WalkGuesses, discover_guessing};
 use events::Recorder;
 use quotas::{failure, quota_event, status_patch};
 pub use snapshot::{QuotaKeyUsage, Snapshot, SnapshotHandle, WatchInfo};
@@ -111,6 +111,9 @@ pub struct Controller {
     /// kcp: the shard's shared wildcard watches, and each one's abort handle.
     shared: SelectAll<BoxStream<'static, (SharedKey, SharedEvent)>>,
     shared_handles: HashMap<SharedKey, AbortHandle>,
+    /// The group versions earlier discoveries walked (kcp: a workspace's first discovery in
+    /// one round trip instead of two).
+    walk_guesses: WalkGuesses,
 }
 
 fn at_now() -> Now {
@@ -161,6 +164,7 @@ impl Controller {
             config,
             shared: SelectAll::new(),
             shared_handles: HashMap::new(),
+            walk_guesses: WalkGuesses::default(),
         };
         (controller, SnapshotHandle::new(tx))
     }
@@ -400,10 +404,11 @@ impl Controller {
     fn discover(&mut self, cluster: ClusterName, groups: Option<BTreeSet<String>>) {
         let client = self.client.clone();
         let route = self.route(&cluster);
+        let guesses = self.walk_guesses.clone();
         self.answers.push(
             async move {
                 let result: Result<Discovered, kube::Error> =
-                    discover(&client, &route, groups.as_ref()).await;
+                    discover_guessing(&client, &route, groups.as_ref(), &guesses).await;
                 let result = result.map_err(|e| e.to_string());
                 Input::Discovered { cluster, result }
             }

@@ -8,7 +8,10 @@
 //! discovery watch in Kubernetes; the controller re-runs this when CustomResourceDefinitions
 //! or APIServices change, and on a slow poll.
 
-use std::collections::BTreeSet;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{Arc, Mutex},
+};
 
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{APIGroupList, APIResourceList, APIVersions};
@@ -39,24 +42,90 @@ pub async fn discover(
     route: &Route,
     groups: Option<&BTreeSet<String>>,
 ) -> Result<Discovered, kube::Error> {
+    discover_guessing(client, route, groups, &WalkGuesses::default()).await
+}
+
+/// [`discover`], with the group versions earlier discoveries walked for `groups` asked for
+/// together with `/api` and `/apis` (see [`WalkGuesses`]), and this discovery's walk learnt.
+pub async fn discover_guessing(
+    client: &Client,
+    route: &Route,
+    groups: Option<&BTreeSet<String>>,
+    guesses: &WalkGuesses,
+) -> Result<Discovered, kube::Error> {
     let at = |path: &str| format!("{}{path}", route.prefix());
-    // Both at once. Each answer is used as it comes: kcp answers a logical cluster's /api
+    let asked_early = groups.map(|g| guesses.paths(g)).unwrap_or_default();
+    let early = futures::future::join_all(asked_early.iter().map(|path| {
+        let (client, url) = (client.clone(), at(path));
+        async move { get::<APIResourceList>(&client, url).await.ok() }
+    }));
+    // All at once. Each answer is used as it comes: kcp answers a logical cluster's /api
     // aggregated and its /apis with the legacy group list, so only the groups of the legacy
     // answer are walked and neither document is asked for twice.
-    let (apis, core) =
-        futures::future::join(aggregated(client, &at("/apis")), aggregated(client, &at("/api"))).await;
+    let ((apis, core), early) = futures::future::join(
+        futures::future::join(aggregated(client, &at("/apis")), aggregated(client, &at("/api"))),
+        early,
+    )
+    .await;
+    let mut early: BTreeMap<String, APIResourceList> = asked_early
+        .into_iter()
+        .zip(early)
+        .filter_map(|(path, answer)| Some((path, answer?)))
+        .collect();
     let core = or_legacy(client, at("/api"), core).await?;
     let apis = or_legacy(client, at("/apis"), apis).await?;
     let mut plan = Plan::new(core, apis).map_err(kube::Error::SerdeError)?;
     let skipped = groups.map(|g| plan.narrow(g)).unwrap_or_default();
+    guesses.learn(&plan.walk);
     super::trace::walking(
         route.prefix(),
-        plan.walk.iter().map(|(_, paths)| paths.len()).sum(),
+        plan.walk
+            .iter()
+            .flat_map(|(_, paths)| paths)
+            .filter(|path| !early.contains_key(*path))
+            .count(),
     );
-    let lists = walk_groups(client, route, &plan.walk).await?;
+    let lists = walk_groups(client, route, &plan.walk, &mut early).await?;
     let mut found = plan.read(lists);
     found.skipped_groups = skipped;
     Ok(found)
+}
+
+/// The group versions earlier discoveries walked, by group (the core group as `""`), shared by
+/// every discovery of one controller. kcp lists a workspace's groups without their resources,
+/// so a discovery walks the groups it needs after `/apis` answers: two round trips before a
+/// workspace's first quota can be listed. A narrowed discovery asks for the guessed versions
+/// of its groups together with `/api` and `/apis` instead; the walk then takes an early answer
+/// only for a path `/apis` lists, and asks for the others as before, so a wrong guess costs
+/// one request and never changes what is found. Cost: per group, its name and its version
+/// paths (about 200 bytes on kcp), at most [`MAX_GUESSED_GROUPS`] groups.
+#[derive(Clone, Default)]
+pub struct WalkGuesses(Arc<Mutex<BTreeMap<String, Vec<String>>>>);
+
+/// Groups [`WalkGuesses`] remembers; past it, groups it does not know are not learnt.
+const MAX_GUESSED_GROUPS: usize = 1024;
+
+impl WalkGuesses {
+    /// The paths walked last time for the core group and `groups`.
+    fn paths(&self, groups: &BTreeSet<String>) -> Vec<String> {
+        let known = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        std::iter::once("")
+            .chain(groups.iter().map(String::as_str))
+            .filter_map(|group| known.get(group))
+            .flatten()
+            .cloned()
+            .collect()
+    }
+
+    /// Remembers `walk`'s paths for each of its groups.
+    fn learn(&self, walk: &[(String, Vec<String>)]) {
+        let mut known = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (group, paths) in walk {
+            if known.len() < MAX_GUESSED_GROUPS || known.contains_key(group) {
+                known.insert(group.clone(), paths.clone());
+            }
+        }
+    }
 }
 
 /// What the answers to `/api` and `/apis` leave to do: groups already described (aggregated
@@ -266,11 +335,13 @@ async fn walk_groups(
     client: &Client,
     route: &Route,
     group_versions: &[(String, Vec<String>)],
+    early: &mut BTreeMap<String, APIResourceList>,
 ) -> Result<Vec<Vec<APIResourceList>>, kube::Error> {
     let at = |path: &str| format!("{}{path}", route.prefix());
     // Every group version at once (over HTTP/2, streams of one connection): the walk costs
     // about one round trip more than /api and /apis, not one per group version — it is on the
-    // path from a new kcp workspace's first quota to its first status.
+    // path from a new kcp workspace's first quota to its first status. A path answered early
+    // (a guess) is not asked again.
     let requests: Vec<_> = group_versions
         .iter()
         .map(|(_, paths)| {
@@ -278,7 +349,13 @@ async fn walk_groups(
                 .iter()
                 .map(|path| {
                     let (client, url) = (client.clone(), at(path));
-                    async move { get::<APIResourceList>(&client, url).await }
+                    let answered = early.remove(path);
+                    async move {
+                        match answered {
+                            Some(list) => Ok(list),
+                            None => get::<APIResourceList>(&client, url).await,
+                        }
+                    }
                 })
                 .collect();
             futures::future::try_join_all(gets)
@@ -331,136 +408,4 @@ async fn get<T: DeserializeOwned>(client: &Client, path: String) -> Result<T, ku
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// kcp v0.32.3's answers for a workspace (`/clusters/root:ws1`), trimmed to two resources
-    /// and two groups: `/api` aggregated, `/apis` the legacy group list.
-    const KCP_API: &str = r#"{"kind":"APIGroupDiscoveryList","apiVersion":"apidiscovery.k8s.io/v2","metadata":{},"items":[{"metadata":{},"versions":[{"version":"v1","resources":[{"resource":"configmaps","responseKind":{"group":"","version":"","kind":"ConfigMap"},"scope":"Namespaced","singularResource":"configmap","verbs":["create","delete","deletecollection","get","list","patch","update","watch"],"shortNames":["cm"]},{"resource":"namespaces","responseKind":{"group":"","version":"","kind":"Namespace"},"scope":"Cluster","singularResource":"namespace","verbs":["create","delete","get","list","patch","update","watch"],"shortNames":["ns"],"subresources":[{"subresource":"finalize","responseKind":{"group":"","version":"","kind":"Namespace"},"verbs":["update"]}]}],"freshness":"Current"}]}]}"#;
-    const KCP_APIS: &str = r#"{"kind":"APIGroupList","apiVersion":"v1","groups":[{"name":"coordination.k8s.io","versions":[{"groupVersion":"coordination.k8s.io/v1","version":"v1"}],"preferredVersion":{"groupVersion":"coordination.k8s.io/v1","version":"v1"}},{"name":"apis.kcp.io","versions":[{"groupVersion":"apis.kcp.io/v1alpha2","version":"v1alpha2"},{"groupVersion":"apis.kcp.io/v1alpha1","version":"v1alpha1"}],"preferredVersion":{"groupVersion":"apis.kcp.io/v1alpha2","version":"v1alpha2"}}]}"#;
-    const LEGACY_API: &str = r#"{"kind":"APIVersions","versions":["v1"],"serverAddressByClientCIDRs":[]}"#;
-    const AGGREGATED_APIS: &str = r#"{"kind":"APIGroupDiscoveryList","apiVersion":"apidiscovery.k8s.io/v2","metadata":{},"items":[{"metadata":{"name":"apps"},"versions":[{"version":"v1","resources":[{"resource":"deployments","responseKind":{"group":"","version":"","kind":"Deployment"},"scope":"Namespaced","verbs":["list","watch"]}],"freshness":"Current"}]},{"metadata":{"name":"metrics.k8s.io"},"versions":[{"version":"v1beta1","freshness":"Stale"}]}]}"#;
-
-    fn answer(body: &str) -> Answer {
-        Answer::read(serde_json::from_str(body).unwrap()).unwrap()
-    }
-
-    fn walked(plan: &Plan) -> Vec<&str> {
-        plan.walk
-            .iter()
-            .flat_map(|(_, paths)| paths.iter().map(String::as_str))
-            .collect()
-    }
-
-    /// kcp v0.32.3's legacy `/api/v1` of a workspace with Services bound through an
-    /// APIBinding (recorded, trimmed to two resources): it lists `services`, which the same
-    /// workspace's aggregated `/api` leaves out (that listed configmaps, events, namespaces,
-    /// resourcequotas, secrets and serviceaccounts).
-    const KCP_API_V1: &str = r#"{"kind":"APIResourceList","groupVersion":"v1","resources":[{"name":"configmaps","singularName":"configmap","namespaced":true,"kind":"ConfigMap","verbs":["create","delete","deletecollection","get","list","patch","update","watch"],"shortNames":["cm"],"storageVersionHash":"BcsYVNKF43M="},{"name":"services","singularName":"service","namespaced":true,"kind":"Service","verbs":["delete","deletecollection","get","list","patch","create","update","watch"],"storageVersionHash":"LuZK7Vz7ufs="}]}"#;
-
-    fn list(body: &str) -> APIResourceList {
-        serde_json::from_str(body).unwrap()
-    }
-
-    #[test]
-    fn kcp_answers_leave_the_legacy_groups_and_the_legacy_core_version_to_walk() {
-        let plan = Plan::new(answer(KCP_API), answer(KCP_APIS)).unwrap();
-        // What `discover` asks for after /api and /apis: the core group's legacy list (kcp's
-        // aggregated one can be short), then one request per version of a group /apis listed.
-        assert_eq!(
-            walked(&plan),
-            [
-                "/api/v1",
-                "/apis/coordination.k8s.io/v1",
-                "/apis/apis.kcp.io/v1alpha2",
-                "/apis/apis.kcp.io/v1alpha1",
-            ]
-        );
-        let empty = |gv: &str| APIResourceList {
-            group_version: gv.to_owned(),
-            resources: Vec::new(),
-        };
-        let lists = vec![
-            vec![list(KCP_API_V1)],
-            vec![empty("coordination.k8s.io/v1")],
-            vec![empty("apis.kcp.io/v1alpha2"), empty("apis.kcp.io/v1alpha1")],
-        ];
-        let found = plan.read(lists);
-        let served: Vec<_> = found
-            .served
-            .iter()
-            .map(|s| (s.resource.to_string(), s.version.as_str(), s.namespaced))
-            .collect();
-        assert_eq!(
-            served,
-            [
-                ("configmaps".to_owned(), "v1", true),
-                ("namespaces".to_owned(), "v1", false),
-                ("services".to_owned(), "v1", true),
-            ],
-            "each core resource once, Services from the legacy list"
-        );
-    }
-
-    #[test]
-    fn a_narrowed_kcp_discovery_walks_the_core_group_and_the_groups_asked_for_only() {
-        let mut plan = Plan::new(answer(KCP_API), answer(KCP_APIS)).unwrap();
-        let skipped = plan.narrow(&BTreeSet::from(["coordination.k8s.io".to_owned()]));
-        assert_eq!(walked(&plan), ["/api/v1", "/apis/coordination.k8s.io/v1"]);
-        assert_eq!(skipped, ["apis.kcp.io"], "named, so what was known of it is kept");
-        let mut none = Plan::new(answer(KCP_API), answer(KCP_APIS)).unwrap();
-        assert_eq!(
-            none.narrow(&BTreeSet::new()),
-            ["coordination.k8s.io", "apis.kcp.io"]
-        );
-        assert_eq!(
-            walked(&none),
-            ["/api/v1"],
-            "core types bound through an APIBinding still read"
-        );
-    }
-
-    #[test]
-    fn plain_kubernetes_answers_walk_no_core_version_twice() {
-        let plan = Plan::new(answer(KCP_API), answer(AGGREGATED_APIS)).unwrap();
-        assert!(
-            plan.walk.is_empty(),
-            "no kcp group: the aggregated /api is complete"
-        );
-    }
-
-    #[test]
-    fn an_aggregated_apis_with_a_legacy_api_walks_only_the_core_versions() {
-        let plan = Plan::new(answer(LEGACY_API), answer(AGGREGATED_APIS)).unwrap();
-        assert_eq!(walked(&plan), ["/api/v1"]);
-        assert_eq!(plan.walk[0].0, "", "the core group's name is empty");
-        let found = plan.read(vec![Vec::new()]);
-        assert_eq!(found.served.len(), 1);
-        assert_eq!(found.served[0].resource.to_string(), "deployments.apps");
-        assert_eq!(
-            found.failed_groups,
-            ["metrics.k8s.io"],
-            "a stale group is kept, not dropped"
-        );
-    }
-
-    #[test]
-    fn two_aggregated_answers_leave_nothing_to_walk_and_two_legacy_walk_everything() {
-        let both = Plan::new(answer(KCP_API), answer(AGGREGATED_APIS)).unwrap();
-        assert!(both.walk.is_empty());
-        assert_eq!(both.aggregated.len(), 3, "core first, then the groups of /apis");
-        let legacy = Plan::new(answer(LEGACY_API), answer(KCP_APIS)).unwrap();
-        assert_eq!(walked(&legacy)[0], "/api/v1");
-        assert_eq!(walked(&legacy).len(), 4);
-        assert!(legacy.aggregated.is_empty());
-    }
-
-    #[test]
-    fn a_legacy_answer_is_never_read_as_an_empty_aggregated_list() {
-        assert!(matches!(answer(KCP_APIS), Answer::Legacy(_)));
-        assert!(matches!(answer(KCP_API), Answer::Aggregated(_)));
-        // A legacy /apis that does not parse is an error, not "serves nothing".
-        let broken = Answer::read(serde_json::json!({"kind": "APIGroupList", "groups": 3})).unwrap();
-        assert!(Plan::new(answer(LEGACY_API), broken).is_err());
-    }
-}
+mod tests;
