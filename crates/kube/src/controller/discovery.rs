@@ -54,10 +54,18 @@ pub async fn discover_guessing(
     guesses: &WalkGuesses,
 ) -> Result<Discovered, kube::Error> {
     let at = |path: &str| format!("{}{path}", route.prefix());
-    let asked_early = groups.map(|g| guesses.paths(g)).unwrap_or_default();
+    let mut asked_early = groups.map(|g| guesses.paths(g)).unwrap_or_default();
+    asked_early.truncate(MAX_EARLY);
+    // A guess not answered within EARLY_PATIENCE is dropped (the walk asks for it, if /apis
+    // lists it): a stalled guess delays a discovery by that much, not by a request's deadline.
     let early = futures::future::join_all(asked_early.iter().map(|path| {
         let (client, url) = (client.clone(), at(path));
-        async move { get::<APIResourceList>(&client, url).await.ok() }
+        async move {
+            tokio::time::timeout(EARLY_PATIENCE, get::<APIResourceList>(&client, url))
+                .await
+                .ok()?
+                .ok()
+        }
     }));
     // All at once. Each answer is used as it comes: kcp answers a logical cluster's /api
     // aggregated and its /apis with the legacy group list, so only the groups of the legacy
@@ -76,7 +84,6 @@ pub async fn discover_guessing(
     let apis = or_legacy(client, at("/apis"), apis).await?;
     let mut plan = Plan::new(core, apis).map_err(kube::Error::SerdeError)?;
     let skipped = groups.map(|g| plan.narrow(g)).unwrap_or_default();
-    guesses.learn(&plan.walk);
     super::trace::walking(
         route.prefix(),
         plan.walk
@@ -86,6 +93,7 @@ pub async fn discover_guessing(
             .count(),
     );
     let lists = walk_groups(client, route, &plan.walk, &mut early).await?;
+    guesses.learn(&plan.walk);
     let mut found = plan.read(lists);
     found.skipped_groups = skipped;
     Ok(found)
@@ -95,15 +103,24 @@ pub async fn discover_guessing(
 /// every discovery of one controller. kcp lists a workspace's groups without their resources,
 /// so a discovery walks the groups it needs after `/apis` answers: two round trips before a
 /// workspace's first quota can be listed. A narrowed discovery asks for the guessed versions
-/// of its groups together with `/api` and `/apis` instead; the walk then takes an early answer
-/// only for a path `/apis` lists, and asks for the others as before, so a wrong guess costs
-/// one request and never changes what is found. Cost: per group, its name and its version
-/// paths (about 200 bytes on kcp), at most [`MAX_GUESSED_GROUPS`] groups.
+/// of its groups (at most [`MAX_EARLY`] paths) together with `/api` and `/apis` instead; the
+/// walk then takes an early answer only for a path it planned from `/api` and `/apis`, and
+/// asks for the others as before. A wrong guess costs one request and at most
+/// [`EARLY_PATIENCE`] of waiting; what is found is what the same answers would give without
+/// guesses. A walk that succeeded is learnt. Cost: per group, its name and its version paths
+/// (about 200 bytes on kcp), at most [`MAX_GUESSED_GROUPS`] groups; no eviction (a group learnt
+/// first stays, which only costs speed).
 #[derive(Clone, Default)]
 pub struct WalkGuesses(Arc<Mutex<BTreeMap<String, Vec<String>>>>);
 
 /// Groups [`WalkGuesses`] remembers; past it, groups it does not know are not learnt.
 const MAX_GUESSED_GROUPS: usize = 1024;
+
+/// Guessed paths one discovery asks for early, at most (the walk's own bound on groups at once).
+const MAX_EARLY: usize = MAX_LISTS_AT_ONCE;
+
+/// How long a discovery waits for a guessed path's early answer before it walks without it.
+const EARLY_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl WalkGuesses {
     /// The paths walked last time for the core group and `groups`.

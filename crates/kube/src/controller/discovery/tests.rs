@@ -139,21 +139,39 @@ const LEASES_V1: &str = r#"{"kind":"APIResourceList","groupVersion":"coordinatio
 /// The paths a fake server was asked for, each with the (paused) time it was asked at.
 type Asked = Mutex<Vec<(String, tokio::time::Instant)>>;
 
+/// A version of the group that /apis does not list, served anyway.
+const LEASES_V2: &str = r#"{"kind":"APIResourceList","groupVersion":"coordination.k8s.io/v2","resources":[{"name":"leasecandidates","singularName":"leasecandidate","namespaced":true,"kind":"LeaseCandidate","verbs":["get","list","watch"]}]}"#;
+
+/// The workspace prefix the guessing tests route under.
+const WORKSPACE: &str = "/clusters/ws";
+
+fn workspace() -> Route {
+    Route::cluster(&lazyquota_index::keys::ClusterName::new("ws"))
+}
+
 /// How long the fake kcp takes to answer `/apis`.
 const APIS_DELAY: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// A client whose server answers discovery as kcp's workspace above (`/apis` after
-/// [`APIS_DELAY`], a path it does not serve with 404), and the log of the paths it was
-/// asked for, each with the (paused) time it was asked at.
-fn fake_kcp() -> (Client, Arc<Asked>) {
+/// A client whose server answers discovery as kcp's workspace above, under [`WORKSPACE`] or
+/// without it (`/apis` after [`APIS_DELAY`], a path it does not serve with 404, the first
+/// request for `stall_first` never), and the log of the paths it was asked for (without the
+/// workspace), each with the (paused) time it was asked at.
+fn fake_kcp(stall_first: Option<&'static str>) -> (Client, Arc<Asked>) {
     let asked = Arc::new(Mutex::new(Vec::new()));
     let log = asked.clone();
     let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
-        let path = request.uri().path().to_owned();
-        log.lock()
-            .unwrap()
-            .push((path.clone(), tokio::time::Instant::now()));
+        let full = request.uri().path();
+        let path = full.strip_prefix(WORKSPACE).unwrap_or(full).to_owned();
+        let first = {
+            let mut log = log.lock().unwrap();
+            let first = log.iter().all(|(p, _)| *p != path);
+            log.push((path.clone(), tokio::time::Instant::now()));
+            first
+        };
         async move {
+            if first && Some(path.as_str()) == stall_first {
+                std::future::pending::<()>().await;
+            }
             let body = match path.as_str() {
                 "/api" => KCP_API,
                 "/apis" => {
@@ -162,6 +180,8 @@ fn fake_kcp() -> (Client, Arc<Asked>) {
                 }
                 "/api/v1" => KCP_API_V1,
                 "/apis/coordination.k8s.io/v1" => LEASES_V1,
+                // Served, but not a version /apis lists: nothing may be read from it.
+                "/apis/coordination.k8s.io/v2" => LEASES_V2,
                 _ => {
                     let status = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#;
                     return Ok::<_, std::convert::Infallible>(
@@ -207,14 +227,14 @@ fn asked_once(asked: &Asked, start: tokio::time::Instant) -> BTreeMap<String, st
 
 #[tokio::test(start_paused = true)]
 async fn a_narrowed_discovery_asks_for_the_versions_walked_before_with_api_and_apis() {
-    let (client, asked) = fake_kcp();
+    let (client, asked) = fake_kcp(None);
     let guesses = WalkGuesses::default();
     let groups = coordination();
 
     // Each discovery asks for the same four paths, once each.
     let discover_once = async || {
         let start = tokio::time::Instant::now();
-        let found = discover_guessing(&client, &Route::direct(), Some(&groups), &guesses)
+        let found = discover_guessing(&client, &workspace(), Some(&groups), &guesses)
             .await
             .unwrap();
         let when = asked_once(&asked, start);
@@ -245,28 +265,59 @@ async fn a_narrowed_discovery_asks_for_the_versions_walked_before_with_api_and_a
 
 #[tokio::test(start_paused = true)]
 async fn a_wrong_guess_costs_one_request_and_changes_nothing_found() {
-    let (client, asked) = fake_kcp();
+    let (client, asked) = fake_kcp(None);
     let groups = coordination();
-    let unguessed = discover(&client, &Route::direct(), Some(&groups)).await.unwrap();
+    let unguessed = discover(&client, &workspace(), Some(&groups)).await.unwrap();
     asked.lock().unwrap().clear();
 
+    // v2 is served but not listed by /apis: its early answer must not be read.
     let guesses = WalkGuesses::default();
     guesses.learn(&[(
         "coordination.k8s.io".to_owned(),
         vec!["/apis/coordination.k8s.io/v2".to_owned()],
     )]);
     let start = tokio::time::Instant::now();
-    let found = discover_guessing(&client, &Route::direct(), Some(&groups), &guesses)
+    let found = discover_guessing(&client, &workspace(), Some(&groups), &guesses)
         .await
         .unwrap();
     let when = asked_once(&asked, start);
     assert_eq!(when["/apis/coordination.k8s.io/v2"], std::time::Duration::ZERO);
     assert!(when["/apis/coordination.k8s.io/v1"] >= APIS_DELAY);
     assert_eq!(served(&found), served(&unguessed));
+    assert!(!served(&found).iter().any(|s| s.contains("leasecandidates")));
     // What the walk found replaces the wrong guess.
     assert_eq!(
         guesses.paths(&groups),
         ["/api/v1", "/apis/coordination.k8s.io/v1"]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_guess_delays_a_discovery_by_its_patience_and_the_walk_asks_again() {
+    let (client, asked) = fake_kcp(Some("/apis/coordination.k8s.io/v1"));
+    let groups = coordination();
+    let guesses = WalkGuesses::default();
+    guesses.learn(&[(
+        "coordination.k8s.io".to_owned(),
+        vec!["/apis/coordination.k8s.io/v1".to_owned()],
+    )]);
+    let start = tokio::time::Instant::now();
+    let found = discover_guessing(&client, &workspace(), Some(&groups), &guesses)
+        .await
+        .unwrap();
+    assert_eq!(tokio::time::Instant::now() - start, EARLY_PATIENCE);
+    let leases: Vec<_> = asked
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(path, _)| path == "/apis/coordination.k8s.io/v1")
+        .map(|(_, at)| *at - start)
+        .collect();
+    assert_eq!(leases, [std::time::Duration::ZERO, EARLY_PATIENCE]);
+    assert!(
+        served(&found)
+            .iter()
+            .any(|s| s.contains("leases") && s.ends_with("@v1"))
     );
 }
 
