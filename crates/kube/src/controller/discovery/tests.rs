@@ -200,6 +200,13 @@ fn fake_kcp(stall_first: Option<&'static str>) -> (Client, Arc<Asked>) {
     (Client::new(service, "default"), asked)
 }
 
+/// Guesses that know one path of the coordination group, as if an earlier walk had asked it.
+fn guessing(path: &str) -> WalkGuesses {
+    let guesses = WalkGuesses::default();
+    guesses.learn(&[("coordination.k8s.io".to_owned(), vec![path.to_owned()])]);
+    guesses
+}
+
 fn coordination() -> BTreeSet<String> {
     BTreeSet::from(["coordination.k8s.io".to_owned()])
 }
@@ -271,11 +278,7 @@ async fn a_wrong_guess_costs_one_request_and_changes_nothing_found() {
     asked.lock().unwrap().clear();
 
     // v2 is served but not listed by /apis: its early answer must not be read.
-    let guesses = WalkGuesses::default();
-    guesses.learn(&[(
-        "coordination.k8s.io".to_owned(),
-        vec!["/apis/coordination.k8s.io/v2".to_owned()],
-    )]);
+    let guesses = guessing("/apis/coordination.k8s.io/v2");
     let start = tokio::time::Instant::now();
     let found = discover_guessing(&client, &workspace(), Some(&groups), &guesses)
         .await
@@ -296,11 +299,7 @@ async fn a_wrong_guess_costs_one_request_and_changes_nothing_found() {
 async fn a_stalled_guess_delays_a_discovery_by_its_patience_and_the_walk_asks_again() {
     let (client, asked) = fake_kcp(Some("/apis/coordination.k8s.io/v1"));
     let groups = coordination();
-    let guesses = WalkGuesses::default();
-    guesses.learn(&[(
-        "coordination.k8s.io".to_owned(),
-        vec!["/apis/coordination.k8s.io/v1".to_owned()],
-    )]);
+    let guesses = guessing("/apis/coordination.k8s.io/v1");
     let start = tokio::time::Instant::now();
     let found = discover_guessing(&client, &workspace(), Some(&groups), &guesses)
         .await
