@@ -51,10 +51,13 @@ async fn kcps_own_quota_e2e_suite_passes_with_lazyquota_as_the_only_writer() {
         (KcpShard::get(KcpFlavor::OwnQuota), None)
     } else {
         let shard = KcpShard::get(KcpFlavor::LazyquotaOnly);
-        // The reconciler's decisions at debug (discovery's changes, hundreds a run, not): a
+        // The reconciler's decisions at debug (discovery's changes, hundreds a run, not) and
+        // the IO's trace (each status write sent and answered: a stall seen in CI wrote nothing
+        // for 30 s, and without it the log cannot say whether a write was in flight): a
         // failure prints those of its workspaces.
         let filter = std::env::var("LAZYQUOTA_TEST_LOG").unwrap_or_else(|_| {
-            "info,lazyquota_index::reconciler=debug,lazyquota_index::reconciler::discovery=info".into()
+            "info,lazyquota_index::reconciler=debug,lazyquota_index::reconciler::discovery=info,lazyquota_kube::controller::trace=debug"
+                .into()
         });
         (shard, Some(Lazyquota::on_kcp_shard_logging(shard, &[], &filter)))
     };
