@@ -131,9 +131,6 @@ pub(crate) struct Samples {
     /// Of `create`, the create request itself (kcp's admission of the quota, before any
     /// controller can see it).
     pub(crate) post: BTreeMap<Case, Vec<Duration>>,
-    /// Of `create`, what came after the create request returned: the controller's own part
-    /// (seeing the quota, counting, writing), without kcp's admission of the quota.
-    pub(crate) after: BTreeMap<Case, Vec<Duration>>,
     /// lazyquota only: delete → its engaged-workspace count back where it was.
     pub(crate) disengage: BTreeMap<Case, Vec<Duration>>,
     /// lazyquota only: delete → its open watches back where they were.
@@ -168,10 +165,6 @@ pub(crate) async fn sample(
             let (took, post) = create_to_status(shard, &clusters[*i], key, objects, who).await;
             out.create.entry(*case).or_default().push(took);
             out.post.entry(*case).or_default().push(post);
-            out.after
-                .entry(*case)
-                .or_default()
-                .push(took.saturating_sub(post));
             out.each.push((*case, clusters[*i].clone(), took, post));
             let t = Instant::now();
             delete_quota(shard, &clusters[*i], SAMPLE).await;

@@ -528,6 +528,20 @@ fn created(samples: Option<&Samples>, case: Case) -> Option<&Vec<Duration>> {
     samples.and_then(|x| x.create.get(&case))
 }
 
+/// Of each create → status, what came after the create request returned: the controller's
+/// own part (seeing the quota, counting, writing), without kcp's admission of the quota.
+fn after_create(samples: Option<&Samples>, case: Case) -> Option<Vec<Duration>> {
+    let x = samples?;
+    let (create, post) = (x.create.get(&case)?, x.post.get(&case)?);
+    Some(
+        create
+            .iter()
+            .zip(post)
+            .map(|(c, p)| c.saturating_sub(*p))
+            .collect(),
+    )
+}
+
 /// Every latency sample, one line each in the order taken.
 fn latency_tsv(r: &Results, bs: &[usize]) -> String {
     let mut tsv =
@@ -573,10 +587,10 @@ fn latencies(md: &mut String, r: &Results, bs: &[usize]) {
                 case.name(),
                 p50_p99(kcp_create),
                 p50_p99(kcp.and_then(|x| x.post.get(&case))),
-                p50_p99(kcp.and_then(|x| x.after.get(&case))),
+                p50_p99(after_create(kcp, case).as_ref()),
                 p50_p99(lq_create),
                 p50_p99(lq.and_then(|x| x.post.get(&case))),
-                p50_p99(lq.and_then(|x| x.after.get(&case))),
+                p50_p99(after_create(lq, case).as_ref()),
                 p50_p99(lq.and_then(|x| x.disengage.get(&case))),
                 p50_p99(lq.and_then(|x| x.release.get(&case))),
                 lq.map_or_else(
