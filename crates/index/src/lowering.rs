@@ -47,6 +47,9 @@ pub struct Charge {
     pub revision: Option<u64>,
     /// The keys raised and by how much (unknown if a value did not parse).
     pub raised: Vec<(String, Quantity)>,
+    /// Whether older charges were merged into it ([`MAX_CHARGES`]): it is then not one
+    /// version's raise, and is never taken for an own write's echo ([`forget_own`]).
+    pub merged: bool,
 }
 
 /// Keys a computation wanted lower that are written higher for now.
@@ -92,13 +95,25 @@ pub fn note(charges: &mut Vec<Charge>, raised: Vec<(String, Quantity)>, revision
             at_ms: now_ms,
             revision,
             raised,
+            merged: false,
         });
     }
     while charges.len() > MAX_CHARGES {
         let oldest = charges.remove(0);
         charges[0].raised.extend(oldest.raised);
         charges[0].revision = charges[0].revision.max(oldest.revision);
+        charges[0].merged = true;
     }
+}
+
+/// Forgets the charge noted at `written`, the resourceVersion a status write of lazyquota's
+/// made, when the write was conditioned on the version before it: the watch delivered the
+/// write's own event before its response, and what that event raised was the write, whose
+/// values are counted — not a charge for objects on their way. Kept, it would be counted
+/// twice for [`SETTLE_MS`] (a key just written whole, written again at double) and admission
+/// would refuse creates under `hard` meanwhile.
+pub fn forget_own(charges: &mut Vec<Charge>, written: u64) {
+    charges.retain(|c| c.merged || c.revision != Some(written));
 }
 
 /// Writes every key of `decision` no lower than what is counted plus the charges of that key
@@ -509,5 +524,32 @@ mod tests {
         assert!(same_objects(CM, "configmaps"));
         assert!(!same_objects("pods", "requests.cpu"));
         assert!(!same_objects("limits.cpu", "requests.cpu"));
+    }
+
+    #[test]
+    fn only_the_unmerged_charge_at_the_written_version_is_forgotten() {
+        let raise = |by| vec![(CM.to_owned(), Quantity::from_count(by))];
+        let mut charges = Vec::new();
+        note(&mut charges, raise(1), Some(21), 0);
+        note(&mut charges, raise(2), Some(22), 1);
+        note(&mut charges, raise(3), Some(23), 2);
+        forget_own(&mut charges, 22);
+        let left: Vec<Option<u64>> = charges.iter().map(|c| c.revision).collect();
+        assert_eq!(
+            left,
+            vec![Some(21), Some(23)],
+            "the charges before and after the write stay"
+        );
+
+        // Merged beyond the bound, a charge at the written version holds older raises too.
+        let mut charges = Vec::new();
+        for i in 0..=MAX_CHARGES as u64 {
+            note(&mut charges, raise(1), Some(100 + i), 0);
+        }
+        assert!(charges[0].merged);
+        let merged_at = charges[0].revision.expect("a revision");
+        forget_own(&mut charges, merged_at);
+        assert_eq!(charges.len(), MAX_CHARGES, "the merged charge stays");
+        assert_eq!(charges[0].revision, Some(merged_at));
     }
 }

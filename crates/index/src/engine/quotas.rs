@@ -189,7 +189,8 @@ impl Engine {
         // write a lower value whenever the charge arrives before the object (the usual order):
         // a window in which admission under-charges, and a write racing admission's own. Our
         // own writes are usually recorded before their events arrive and then do not count as
-        // a change (an event ahead of its write's response counts: too high for a moment).
+        // a change; an event ahead of its write's response counts until the response says
+        // whose it was ([`Engine::forget_own_charge`]).
         let recheck = !recompute
             && held.is_some_and(|old| {
                 !same_quantities(old.payload.status_used.as_ref(), state.status_used.as_ref())
@@ -295,6 +296,15 @@ impl Engine {
         if let Some(state) = self.index.payload_mut(key) {
             let revision = state.resource_version.as_deref().and_then(|rv| rv.parse().ok());
             crate::lowering::note(&mut state.charges, raised, revision, now_ms);
+        }
+    }
+
+    /// Forgets what the quota's event at `written` raised, now that a response said that
+    /// version was a write of ours conditioned on the one before it
+    /// ([`crate::lowering::forget_own`]).
+    pub fn forget_own_charge(&mut self, key: &QuotaKey, written: u64) {
+        if let Some(state) = self.index.payload_mut(key) {
+            crate::lowering::forget_own(&mut state.charges, written);
         }
     }
 

@@ -462,6 +462,13 @@ impl Reconciler {
                     )
                 });
                 let raised = self.engine.record_written(key, precondition.as_deref(), &written);
+                if precondition.is_some()
+                    && let Some(rv) = written.metadata.resource_version.as_deref()
+                    && let Ok(rv) = rv.parse()
+                {
+                    // Its event may have come first and been taken for a charge.
+                    self.engine.forget_own_charge(key, rv);
+                }
                 if !raised.is_empty() {
                     // Charges made after the write, behind the newer version already held.
                     let at = self.ms(now.instant);
