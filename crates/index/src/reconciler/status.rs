@@ -534,6 +534,11 @@ impl Reconciler {
 
     pub(super) fn on_read(&mut self, key: &QuotaKey, result: Result<ResourceQuota, Failure>, now: Now) {
         match result {
+            // Deleted while the read was on its way (its watch event came first): the read is
+            // older than the delete, and applying it would bring the quota back for good.
+            Ok(_) if self.engine.index.get(key).is_none() => {
+                debug!(quota = %key, "read answered for a quota deleted meanwhile; ignored");
+            }
             Ok(quota) => {
                 let held = self
                     .engine

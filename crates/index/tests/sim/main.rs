@@ -130,7 +130,7 @@ parts!(
 
 /// Seeds beyond the CI range that `make sim-soak` found failing, each fixed since: they run in
 /// CI too, so the paths they found stay closed (as long as the model runs them the same way).
-const SOAK_FINDS: [u64; 8] = [
+const SOAK_FINDS: [u64; 9] = [
     11_039,  // a late write response taken as maintaining a key added back since
     94_780,  // a charge on a stored value already short
     95_145,  // a charge behind a late write response and a relist
@@ -139,6 +139,7 @@ const SOAK_FINDS: [u64; 8] = [
     12_730,  // a new key's first write held up past the settling time (a hung write), then the quota labelled
     181_821, // the same on kcp: a discovery that failed for a second
     49_813,  // the same, found again once counts held the write
+    85_114,  // a fresh read after a conflict, answered after the quota's delete, brought it back
 ];
 
 /// The seeds that found a first value written past the settling time without waiting for

@@ -59,6 +59,44 @@ fn a_conflict_with_nothing_newer_reads_the_quota_afresh() {
 }
 
 #[test]
+fn a_read_answered_after_the_quotas_delete_does_not_bring_it_back() {
+    // Simulator seed 85,114: the read after a conflict was served before the quota was
+    // deleted and answered after the delete's event; applied, the quota stayed for good (its
+    // watch open, its writes answered 404).
+    let mut h = Harness::new(false);
+    let effects = h.ready(quota(5, &[(CM, "10")], None), &[("a", 2)]);
+    assert_eq!(writes(&effects).len(), 1);
+    let after = h.feed(Input::Written {
+        key: key(),
+        precondition: Some("5".into()),
+        result: Err(Failure {
+            code: Some(409),
+            message: "conflict".into(),
+        }),
+    });
+    assert!(after.contains(&Effect::ReadQuota(key())), "{after:?}");
+    let deleted = h.feed(Input::Quota(QuotaEvent::Deleted(quota(
+        7,
+        &[(CM, "10")],
+        Some(&[(CM, "1")]),
+    ))));
+    assert!(
+        deleted.iter().any(|e| matches!(e, Effect::CloseWatch { .. })),
+        "{deleted:?}"
+    );
+    let effects = h.feed(Input::Read {
+        key: key(),
+        result: Ok(quota(7, &[(CM, "10")], Some(&[(CM, "1")]))),
+    });
+    assert!(
+        !effects.iter().any(|e| matches!(e, Effect::OpenWatch { .. })),
+        "{effects:?}"
+    );
+    assert!(writes(&h.tick(1_000)).is_empty());
+    assert!(h.rec.watches().iter().next().is_none(), "no watch left");
+}
+
+#[test]
 fn a_late_response_does_not_replace_a_newer_view() {
     let mut h = Harness::new(false);
     let effects = h.ready(quota(5, &[(CM, "10")], None), &[("a", 2)]);
