@@ -173,6 +173,19 @@ async fn one_process_serves_three_clusters_independently() {
         "cluster-2 counts its own secret, not cluster-0's\n{}",
         log()
     );
+    // The apiserver names the status's manager after the writer's User-Agent.
+    let written = q(c2).get("q").await.expect("quota 2");
+    let managers: Vec<(Option<String>, Option<String>)> = written
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .map(|m| (m.manager, m.subresource))
+        .collect();
+    assert!(
+        managers.contains(&(Some("lazyquota".to_owned()), Some("status".to_owned()))),
+        "status managed by lazyquota: {managers:?}"
+    );
 
     // Watches only where demanded, seen by each apiserver: one more for cluster-0 secrets,
     // cluster-1 configmaps and cluster-2 secrets; none for the others.

@@ -11,6 +11,11 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
 };
 
+/// What lazyquota's requests say they come from. kube's client sends no `User-Agent`, and the
+/// apiserver names a writer's `managedFields` entry and its audit events after it: without one,
+/// every status lazyquota wrote was managed by "unknown".
+pub const USER_AGENT: &str = concat!("lazyquota/", env!("CARGO_PKG_VERSION"));
+
 /// Why no client could be built. Each variant names the file or context at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -226,10 +231,17 @@ impl Pool {
         })
     }
 
-    /// A client for `config`'s base URL over this pool's connections.
-    pub fn client(&self, config: Config) -> Result<Client, kube::Error> {
+    /// A client for `config`'s base URL over this pool's connections, naming itself
+    /// [`USER_AGENT`] unless the configuration names another agent.
+    pub fn client(&self, mut config: Config) -> Result<Client, kube::Error> {
         use kube::client::ConfigExt as _;
         use tower::ServiceBuilder;
+        if !config.headers.iter().any(|(name, _)| name == http::header::USER_AGENT) {
+            config.headers.push((
+                http::header::USER_AGENT,
+                http::HeaderValue::from_static(USER_AGENT),
+            ));
+        }
         let service = ServiceBuilder::new()
             .layer(config.base_uri_layer())
             .option_layer(config.auth_layer()?)
