@@ -236,7 +236,11 @@ impl Pool {
     pub fn client(&self, mut config: Config) -> Result<Client, kube::Error> {
         use kube::client::ConfigExt as _;
         use tower::ServiceBuilder;
-        if !config.headers.iter().any(|(name, _)| name == http::header::USER_AGENT) {
+        if !config
+            .headers
+            .iter()
+            .any(|(name, _)| name == http::header::USER_AGENT)
+        {
             config.headers.push((
                 http::header::USER_AGENT,
                 http::HeaderValue::from_static(USER_AGENT),
