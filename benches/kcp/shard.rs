@@ -67,11 +67,10 @@ pub(crate) async fn root_client(kubeconfig: &Path, context: &str, url: &str) -> 
         http::header::USER_AGENT,
         http::HeaderValue::from_static("lazyquota-bench"),
     ));
-    // lazyquota's transport (HTTP/2, TCP_NODELAY), as a user's kubectl would (client-go: HTTP/2,
-    // Go's sockets without Nagle), not kube's default client: over HTTP/1.1 each sample's
-    // create took a new connection (the quota's watch held the idle one), and with Nagle's
-    // algorithm on, its request waited for the server's delayed ACK of the TLS handshake —
-    // create requests read 48–49 ms p50 at W = 100 where kcp's audit log put them at 4 ms.
+    // lazyquota's transport (HTTP/2, TCP_NODELAY), as a user's kubectl would be (client-go:
+    // HTTP/2, Go's sockets without Nagle), not kube's default client (HTTP/1.1, Nagle on), with
+    // which a sample's create request took ten times the shard's own part of it (the shard's
+    // audit log: benches/results/kcp-latency-dd59adc).
     lazyquota_kube::transport::client::Pool::new(&config, Transport::default())
         .and_then(|pool| pool.client(config))
         .expect("client")
