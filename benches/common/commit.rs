@@ -4,8 +4,15 @@
 use std::process::Command;
 
 /// The commit the benchmark ran on: `abc1234`, or `abc1234-dirty (modified: paths)` when
-/// tracked files other than `benches/results/` differ from it (result files name it).
+/// tracked files other than `benches/results/` differ from it (result files name it). Read at
+/// the first call and repeated after: a benchmark that calls it as it starts names the tree it
+/// was built from, not commits made while it ran (a seed-scale kcp run takes most of an hour).
 pub fn commit() -> String {
+    static AT_START: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    AT_START.get_or_init(read_commit).clone()
+}
+
+fn read_commit() -> String {
     let git = |args: &[&str]| {
         Command::new("git")
             .args(args)

@@ -76,6 +76,8 @@ impl Drop for KcpGuard {
 
 fn main() {
     let args = Args::parse();
+    // The tree this run measures: read now, not when the report is written.
+    let _ = common::commit();
     std::fs::create_dir_all(&args.out).expect("output directory");
     let dir = repo()
         .join(".lazyquota")

@@ -69,7 +69,7 @@ pub(crate) async fn root_client(kubeconfig: &Path, context: &str, url: &str) -> 
     ));
     // lazyquota's transport (HTTP/2, TCP_NODELAY), as a user's kubectl would be (client-go:
     // HTTP/2, Go's sockets without Nagle), not kube's default client (HTTP/1.1, Nagle on), with
-    // which a sample's create request took ten times the shard's own part of it (the shard's
+    // which a sample's create request took over ten times the shard's own part of it (the shard's
     // audit log: benches/results/kcp-latency-dd59adc).
     lazyquota_kube::transport::client::Pool::new(&config, Transport::default())
         .and_then(|pool| pool.client(config))
