@@ -462,9 +462,10 @@ impl Reconciler {
                     )
                 });
                 let raised = self.engine.record_written(key, precondition.as_deref(), &written);
-                if precondition.is_some()
+                if let Some(before) = precondition.as_deref().and_then(|p| p.parse::<u64>().ok())
                     && let Some(rv) = written.metadata.resource_version.as_deref()
-                    && let Ok(rv) = rv.parse()
+                    && let Ok(rv) = rv.parse::<u64>()
+                    && rv > before
                 {
                     // Its event may have come first and been taken for a charge.
                     self.engine.forget_own_charge(key, rv);
