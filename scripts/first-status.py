@@ -8,7 +8,8 @@ its first status: discovery, its watch's list or its share's list, the write. Th
 p99 of each phase over all of them, and the samples that waited for a count split by whether
 lazyquota had begun a list of the same type in the 100 ms before (the apiserver asks etcd for
 the progress a consistent list of a type waits for at most once per 100 ms per type:
-`progressRequestPeriod` in k8s.io/apiserver's cacher).
+`progressRequestPeriod` in k8s.io/apiserver's cacher), and the lists by how long before
+lazyquota had begun its previous list of the same type.
 
     python3 scripts/first-status.py LOG [--name sample]
 """
@@ -57,9 +58,12 @@ def samples(path, name):
     for at, message, f in parse(path):
         cluster = f.get("cluster", "")
         first_read = False
+        gap = None
         if message in ("opening watch", "listing share") and "resource" in f:
             resource_of.setdefault(cluster, f["resource"])
             first_read = all(r != f["resource"] for _, r in reads)
+            before = [t for t, r in reads if r == f["resource"]]
+            gap = at - before[-1] if before else None
             reads.append((at, f["resource"]))
         if message == "quota seen" and f.get("quota") == name and cluster not in open_:
             # A quota's first event starts a sample; the events of its own status writes do
@@ -84,12 +88,14 @@ def samples(path, name):
             watch_of[f.get("id")] = cluster
             open_[cluster].setdefault("listing", at)
             open_[cluster].setdefault("first_read", first_read)
+            open_[cluster].setdefault("list_gap", gap)
         elif message == "listed" and watch_of.get(f.get("id")) in open_:
             open_[watch_of[f["id"]]].setdefault("listed", at)
         elif message == "listing share" and cluster in open_:
             shares.append(cluster)
             open_[cluster].setdefault("listing", at)
             open_[cluster].setdefault("first_read", first_read)
+            open_[cluster].setdefault("list_gap", gap)
         elif message == "share listed" and shares:
             c = shares.pop(0)
             if c in open_:
@@ -153,6 +159,18 @@ def main():
 
     for label, a, b, discovered in rows:
         d = [1000 * (s[b] - s[a]) for s in found if a in s and b in s and chosen(s, discovered)]
+        if d:
+            print(f"| {label} | {len(d)} | {pct(d, 50):.1f} | {pct(d, 99):.1f} | {max(d):.1f} |")
+
+    # A consistent list waits for the apiserver's cache to catch up with etcd, and the cache asks
+    # etcd for that progress at most once per period per type: lists of a type read a moment
+    # before wait. By how long before lazyquota had begun its previous list of the type:
+    print("\n| list, the type's previous list begun | n | p50 ms | p99 ms | max ms |\n|---|---|---|---|---|")
+    buckets = [("under 100 ms before", 0, 0.1), ("100–150 ms before", 0.1, 0.15),
+               ("150–500 ms before", 0.15, 0.5), ("500 ms or more before", 0.5, float("inf"))]
+    for label, lo, hi in buckets:
+        d = [1000 * (s["listed"] - s["listing"]) for s in found
+             if "listed" in s and s.get("list_gap") is not None and lo <= s["list_gap"] < hi]
         if d:
             print(f"| {label} | {len(d)} | {pct(d, 50):.1f} | {pct(d, 99):.1f} | {max(d):.1f} |")
 
