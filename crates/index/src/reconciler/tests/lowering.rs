@@ -2,18 +2,16 @@
 
 use super::*;
 
-#[test]
-fn a_key_is_not_lowered_before_the_watch_has_caught_up_with_the_quota() {
-    let (mut h, _) = written_at_20();
+/// The watch delivers ConfigMap b's delete late (rv 4, behind a quota at 20), and a tick; then
+/// an object added and deleted at 21 and 22 (the watch past the quota), and a tick. Returns
+/// each tick's effects.
+fn late_delete_then_caught_up(h: &mut Harness) -> (Vec<Effect>, Vec<Effect>) {
     let id = h.watch_id();
-    // A delete the watch delivers late (rv 4 < 20): the caches may still lack objects stored
-    // up to 20, so the key is not written lower yet...
     h.feed(Input::Watch {
         id,
         item: Item::Delete(configmap("b", 4)),
     });
-    assert!(writes(&h.tick(1)).is_empty(), "held");
-    // ...until the watch has come past the quota's version.
+    let held = h.tick(1);
     h.feed(Input::Watch {
         id,
         item: Item::Apply(configmap("c", 21)),
@@ -22,7 +20,17 @@ fn a_key_is_not_lowered_before_the_watch_has_caught_up_with_the_quota() {
         id,
         item: Item::Delete(configmap("c", 22)),
     });
-    let effects = h.tick(1);
+    (held, h.tick(1))
+}
+
+#[test]
+fn a_key_is_not_lowered_before_the_watch_has_caught_up_with_the_quota() {
+    let (mut h, _) = written_at_20();
+    // A delete the watch delivers late (rv 4 < 20): the caches may still lack objects stored
+    // up to 20, so the key is not written lower yet, until the watch has come past the
+    // quota's version.
+    let (held, effects) = late_delete_then_caught_up(&mut h);
+    assert!(writes(&held).is_empty(), "held: {held:?}");
     let w = writes(&effects);
     assert_eq!(w.len(), 1, "{effects:?}");
     assert_eq!(w[0].used, list(&[(CM, "1")]));
@@ -556,24 +564,10 @@ fn an_own_write_whose_event_comes_before_its_response_is_not_a_charge() {
         precondition: Some("5".into()),
         result: Ok(written(&w, 20)),
     });
-    let id = h.watch_id();
     // A delete the watch delivers late (rv 4 < 20): nothing is written lower before the
     // watch has caught up, and nothing higher either.
-    h.feed(Input::Watch {
-        id,
-        item: Item::Delete(configmap("b", 4)),
-    });
-    let effects = h.tick(1);
-    assert!(writes(&effects).is_empty(), "{effects:?}");
-    h.feed(Input::Watch {
-        id,
-        item: Item::Apply(configmap("c", 21)),
-    });
-    h.feed(Input::Watch {
-        id,
-        item: Item::Delete(configmap("c", 22)),
-    });
-    let effects = h.tick(1);
+    let (held, effects) = late_delete_then_caught_up(&mut h);
+    assert!(writes(&held).is_empty(), "{held:?}");
     let w = writes(&effects);
     assert_eq!(w.len(), 1, "{effects:?}");
     assert_eq!(w[0].used, list(&[(CM, "1")]), "the count, no charge on top");
