@@ -12,7 +12,7 @@ use kube::{
     Client,
     config::{KubeConfigOptions, Kubeconfig},
 };
-use lazyquota_kube::transport::client::Transport;
+use lazyquota_kube::transport::client::{Pool, Transport};
 use serde_json::{Value, json};
 
 use crate::common::{
@@ -71,7 +71,7 @@ pub(crate) async fn root_client(kubeconfig: &Path, context: &str, url: &str) -> 
     // HTTP/2, Go's sockets without Nagle), not kube's default client (HTTP/1.1, Nagle on), with
     // which a sample's create request took over ten times the shard's own part of it (the shard's
     // audit log: benches/results/kcp-latency-dd59adc).
-    lazyquota_kube::transport::client::Pool::new(&config, Transport::default())
+    Pool::new(&config, Transport::default())
         .and_then(|pool| pool.client(config))
         .expect("client")
 }

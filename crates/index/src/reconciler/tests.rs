@@ -212,6 +212,14 @@ fn written_at_20() -> (Harness, StatusWrite) {
     (h, w)
 }
 
+/// A write's answer when the quota moved past its precondition.
+fn conflict() -> Failure {
+    Failure {
+        code: Some(409),
+        message: "conflict".into(),
+    }
+}
+
 fn writes(effects: &[Effect]) -> Vec<&StatusWrite> {
     effects
         .iter()

@@ -97,10 +97,7 @@ fn a_charge_after_all_the_watch_delivered_is_added_even_to_a_stored_value_alread
     h.feed(Input::Written {
         key: key(),
         precondition: Some("20".into()),
-        result: Err(Failure {
-            code: Some(409),
-            message: "conflict".into(),
-        }),
+        result: Err(conflict()),
     });
     h.feed(Input::Quota(QuotaEvent::Applied(quota(
         23,
@@ -533,10 +530,7 @@ fn a_key_the_status_lacks_waits_for_its_watches_even_once_the_quota_has_settled(
     h.feed(Input::Written {
         key: key(),
         precondition: Some("30".into()),
-        result: Err(Failure {
-            code: Some(409),
-            message: "conflict".into(),
-        }),
+        result: Err(conflict()),
     });
     let effects = h.tick(crate::lowering::SETTLE_MS);
     let w = writes(&effects);

@@ -14,21 +14,24 @@ fn the_first_write_carries_the_count_and_the_quotas_version() {
     assert!(w[0].lowers.is_empty());
 }
 
-#[test]
-fn a_conflict_with_nothing_newer_reads_the_quota_afresh() {
+/// One ConfigMap counted, the first write (on version 5) answered 409 with nothing newer
+/// seen: the quota is read afresh.
+fn first_write_conflicted() -> Harness {
     let mut h = Harness::new(false);
     let effects = h.ready(quota(5, &[(CM, "10")], None), &[("a", 2)]);
     assert_eq!(writes(&effects).len(), 1);
-    let conflict = Failure {
-        code: Some(409),
-        message: "conflict".into(),
-    };
     let after = h.feed(Input::Written {
         key: key(),
         precondition: Some("5".into()),
-        result: Err(conflict.clone()),
+        result: Err(conflict()),
     });
     assert!(after.contains(&Effect::ReadQuota(key())), "{after:?}");
+    h
+}
+
+#[test]
+fn a_conflict_with_nothing_newer_reads_the_quota_afresh() {
+    let mut h = first_write_conflicted();
 
     // The watch brings a newer version first: no read, computed again from it at once.
     let effects = h.tick(1_000);
@@ -53,7 +56,7 @@ fn a_conflict_with_nothing_newer_reads_the_quota_afresh() {
     let after = h.feed(Input::Written {
         key: key(),
         precondition: Some("9".into()),
-        result: Err(conflict),
+        result: Err(conflict()),
     });
     assert!(!after.contains(&Effect::ReadQuota(key())), "{after:?}");
 }
@@ -63,18 +66,7 @@ fn a_read_answered_after_the_quotas_delete_does_not_bring_it_back() {
     // Simulator seed 85,114: the read after a conflict was served before the quota was
     // deleted and answered after the delete's event; applied, the quota stayed for good (its
     // watch open, its writes answered 404).
-    let mut h = Harness::new(false);
-    let effects = h.ready(quota(5, &[(CM, "10")], None), &[("a", 2)]);
-    assert_eq!(writes(&effects).len(), 1);
-    let after = h.feed(Input::Written {
-        key: key(),
-        precondition: Some("5".into()),
-        result: Err(Failure {
-            code: Some(409),
-            message: "conflict".into(),
-        }),
-    });
-    assert!(after.contains(&Effect::ReadQuota(key())), "{after:?}");
+    let mut h = first_write_conflicted();
     let deleted = h.feed(Input::Quota(QuotaEvent::Deleted(quota(
         7,
         &[(CM, "10")],
