@@ -35,6 +35,9 @@ pub enum Mutation {
     /// key the stored `status.hard` lacks (never charged by admission) is written for the
     /// first time without waiting for its watches, though its first write came late.
     UnenforcedAfterSettling,
+    /// Found by reading a failed kcp e2e run's etcd: a status write's own event, come before
+    /// its response, is taken for admission's charge and added on top of a later count.
+    OwnWriteIsACharge,
     /// A watch failing after its sync is reopened at once every time, so one whose list
     /// succeeds but whose watch cannot start lists again and again without backoff.
     RestartsWithoutBackoff,

@@ -299,6 +299,29 @@ impl Engine {
         }
     }
 
+    /// Notes what a write's late response found the view held raised above the write at
+    /// `written`, less the charges already noted since that version
+    /// ([`crate::lowering::not_yet_noted`]).
+    pub fn note_charge_after_write(
+        &mut self,
+        key: &QuotaKey,
+        raised: Vec<(String, Quantity)>,
+        written: Option<u64>,
+        now_ms: u64,
+    ) {
+        let Some(state) = self.index.payload_mut(key) else {
+            return;
+        };
+        let view = state.resource_version.as_deref().and_then(|rv| rv.parse().ok());
+        let raised = match (written, view) {
+            (Some(written), Some(view)) => {
+                crate::lowering::not_yet_noted(&state.charges, written, view, raised)
+            }
+            _ => raised,
+        };
+        crate::lowering::note(&mut state.charges, raised, view, now_ms);
+    }
+
     /// Forgets what the quota's event at `written` raised, now that a response said that
     /// version was a write of ours conditioned on the one before it
     /// ([`crate::lowering::forget_own`]).

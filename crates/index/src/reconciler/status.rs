@@ -101,7 +101,19 @@ impl Reconciler {
             debug!(quota = %key, "a key admission did not maintain is not computed yet: left out");
         }
         let now_ms = self.ms(now.instant);
-        if let Some(held) = self.hold_lowering(&key, &mut decision, now_ms) {
+        // Keys not computed keep the stored value; where admission maintains them, that value
+        // holds every charge up to the quota's version (and a write on it conflicts with any
+        // later one), so no charge is added to it.
+        let kept: Vec<String> = match self.engine.index.get(&key) {
+            Some(e) => computed
+                .uncomputed
+                .iter()
+                .filter(|k| e.payload.maintained(k))
+                .cloned()
+                .collect(),
+            None => Vec::new(),
+        };
+        if let Some(held) = self.hold_lowering(&key, &kept, &mut decision, now_ms) {
             debug!(quota = %key, keys = ?held.keys, "recent charges added to what is counted");
             let at = self.epoch + std::time::Duration::from_millis(held.until_ms);
             self.queue.add_at(key.clone(), at);
@@ -167,6 +179,7 @@ impl Reconciler {
     fn hold_lowering(
         &self,
         key: &QuotaKey,
+        kept: &[String],
         decision: &mut lazyquota_quota::StatusDecision,
         now_ms: u64,
     ) -> Option<lowering::Held> {
@@ -185,7 +198,7 @@ impl Reconciler {
             .map(|w| w.observed)
             .max()
             .unwrap_or(0);
-        lowering::hold_lowering(&entry.payload, &charges, observed, decision, now_ms)
+        lowering::hold_lowering(&entry.payload, &charges, observed, kept, decision, now_ms)
     }
 
     /// The charges seen on the quota and its neighbours in its namespace — and in the namespace
@@ -462,18 +475,24 @@ impl Reconciler {
                     )
                 });
                 let raised = self.engine.record_written(key, precondition.as_deref(), &written);
+                let written_rv = written
+                    .metadata
+                    .resource_version
+                    .as_deref()
+                    .and_then(|rv| rv.parse::<u64>().ok());
                 if let Some(before) = precondition.as_deref().and_then(|p| p.parse::<u64>().ok())
-                    && let Some(rv) = written.metadata.resource_version.as_deref()
-                    && let Ok(rv) = rv.parse::<u64>()
+                    && let Some(rv) = written_rv
                     && rv > before
+                    && !active(Mutation::OwnWriteIsACharge)
                 {
                     // Its event may have come first and been taken for a charge.
                     self.engine.forget_own_charge(key, rv);
                 }
                 if !raised.is_empty() {
-                    // Charges made after the write, behind the newer version already held.
+                    // Charges made after the write, behind the newer version already held
+                    // (those its events brought are noted already).
                     let at = self.ms(now.instant);
-                    self.engine.note_charge(key, raised, at);
+                    self.engine.note_charge_after_write(key, raised, written_rv, at);
                 }
                 if self
                     .engine
