@@ -95,6 +95,8 @@ pub struct Quota {
     pub name: String,
     pub uid: String,
     pub rv: u64,
+    /// The resourceVersion it was created at.
+    pub created: u64,
     /// `spec.hard`, in milli-units.
     pub hard: BTreeMap<String, i64>,
     /// `status.hard` as last written (strings as written).
@@ -227,6 +229,22 @@ impl Server {
         sum
     }
 
+    /// What `key` would count if every object of `namespace` that existed at any moment after
+    /// `since` (stored, admitted and on its way, or deleted after it) existed at once: no
+    /// computation from the objects since then can come to more.
+    pub fn ever_since(&self, namespace: &str, key: &str, since: u64) -> i64 {
+        let deleted_after = self.deleted.iter().filter(|(_, d)| *d > since).map(|(o, _)| o);
+        self.objects
+            .values()
+            .chain(self.in_flight.iter())
+            .chain(deleted_after)
+            .filter(|o| o.namespace == namespace)
+            .flat_map(Obj::charges)
+            .filter(|(k, _)| *k == key)
+            .map(|(_, v)| v)
+            .sum()
+    }
+
     /// What `key` counts in `namespace` now (stored objects).
     pub fn stored(&self, namespace: &str, key: &str) -> i64 {
         self.objects
@@ -255,6 +273,7 @@ impl Server {
                     name: name.to_owned(),
                     uid,
                     rv,
+                    created: rv,
                     hard,
                     status_hard: None,
                     used: None,

@@ -157,6 +157,28 @@ impl World {
                 }
             }
         }
+        // Precision, counted (not a violation: a charge lazyquota cannot place — one a jump of
+        // its view of quotas brought, or one admission made on two quotas for one object — is
+        // added whole while its object may be counted, too high for the charges' settling
+        // time by design): a key raised above what it stored and above every object that
+        // existed at some moment since the quota was created (or is on its way). Keeping the
+        // stored value is not counted (admission charged it), nor a write within the settling
+        // time after the view of quotas there jumped.
+        let jumped = self.relisted.max(self.jumped.get(&qkey.0).copied().unwrap_or(0));
+        let after_jump = jumped > 0 && self.now < jumped + lazyquota_index::lowering::SETTLE_MS;
+        let overcounts = write
+            .used
+            .iter()
+            .filter(|_| !after_jump)
+            .filter(|(k, v)| {
+                let stored = q.used.as_ref().and_then(|u| u.get(*k)).and_then(|s| milli(s));
+                let ever = self.server.ever_since(&qkey.0, k, q.created);
+                milli(&v.0).is_some_and(|w| w > ever && stored.is_none_or(|s| w > s))
+            })
+            .count();
+        for _ in 0..overcounts {
+            self.fired("overcount");
+        }
         for _ in 0..shortfalls {
             self.fired("unenforced_shortfall");
         }
