@@ -485,10 +485,8 @@ mod tests {
         assert_eq!(d.used[CM].0, "1");
     }
 
-    #[test]
-    fn a_charge_no_watch_has_come_past_is_added_whatever_is_stored() {
-        // Counted 5, stored 5 (an uncharged object counted, a charge on a stale value): the
-        // charge at 85 is for an object stored after 85, and the watches delivered up to 80.
+    /// Stored 5, and one configmap charged at version 85, seen at 1 s.
+    fn stored_5_charged_at_85() -> QuotaState {
         let mut state = state(&[(CM, "5"), ("pods", "2")], &[]);
         note(
             &mut state.charges,
@@ -496,6 +494,14 @@ mod tests {
             Some(85),
             1_000,
         );
+        state
+    }
+
+    #[test]
+    fn a_charge_no_watch_has_come_past_is_added_whatever_is_stored() {
+        // Counted 5, stored 5 (an uncharged object counted, a charge on a stale value): the
+        // charge at 85 is for an object stored after 85, and the watches delivered up to 80.
+        let state = stored_5_charged_at_85();
         let mut d = decision(&[(CM, "5"), ("pods", "2")]);
         let held = hold_lowering(&state, &own(&state), 80, &[], &mut d, 1_001).expect("held");
         assert_eq!(held.keys, vec![CM.to_owned()]);
@@ -517,13 +523,7 @@ mod tests {
     fn a_kept_key_is_written_as_stored_without_the_charges_it_holds() {
         // Stored 5 at the quota's version, its watch not synced (the value kept): a charge at
         // 85 that no watch has come past is in the stored 5 already, not added to it.
-        let mut state = state(&[(CM, "5"), ("pods", "2")], &[]);
-        note(
-            &mut state.charges,
-            vec![(CM.to_owned(), Quantity::from_count(1))],
-            Some(85),
-            1_000,
-        );
+        let state = stored_5_charged_at_85();
         let mut d = decision(&[(CM, "5"), ("pods", "2")]);
         assert_eq!(
             hold_lowering(&state, &own(&state), 80, &[CM.to_owned()], &mut d, 1_001),
