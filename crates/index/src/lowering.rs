@@ -117,22 +117,24 @@ pub fn forget_own(charges: &mut Vec<Charge>, written: u64) {
 }
 
 /// What a late response's raise still adds to the charges noted: `raised` is what the view
-/// held (at `view`) has above a write of lazyquota's (at `written`), and the charges already
-/// noted at versions after the write and up to the view are that raise's history, seen event
-/// by event when the watch delivered them. Only what they fall short of, key by key, is noted
-/// again (all of it when there are none: a relist jumped over those versions); noted twice,
-/// a charge whose object is on its way would be added twice, above every object there is.
-/// Merged charges are not one version's and do not count here (noted again: higher, never
-/// lower).
+/// held (at `view`) has above a write of lazyquota's (at `written`), and the charges still
+/// kept at `now_ms` that were noted at versions after the write and up to the view are that
+/// raise's history, seen event by event when the watch delivered them. Only what they fall
+/// short of, key by key, is noted again (all of it when there are none: a relist jumped over
+/// those versions); noted twice, a charge whose object is on its way would be added twice,
+/// above every object there is. Merged charges are not one version's and do not count here
+/// (noted again: higher, never lower).
 #[must_use]
 pub fn not_yet_noted(
     charges: &[Charge],
     written: u64,
     view: u64,
     raised: Vec<(String, Quantity)>,
+    now_ms: u64,
 ) -> Vec<(String, Quantity)> {
     let since_write: Vec<&Charge> = charges
         .iter()
+        .filter(|c| c.at_ms.saturating_add(SETTLE_MS) > now_ms)
         .filter(|c| !c.merged && c.revision.is_some_and(|r| r > written && r <= view))
         .collect();
     raised
@@ -158,14 +160,11 @@ pub fn not_yet_noted(
 /// certainly not counted yet, so they are added whatever is stored. A key with no stored
 /// value (a quota or key just added) is written at the floor, or left out (admission then
 /// refuses what would charge it: closed, not open) if a charge's amount is unknown. Clears
-/// `dirty` when nothing is left to write. Keys in `kept` were not computed (their watches
-/// are not synced) and keep the stored value: it holds every charge up to the quota's
-/// version, so none is added to it.
+/// `dirty` when nothing is left to write.
 pub fn hold_lowering(
     state: &QuotaState,
     charges: &[&Charge],
     observed: u64,
-    kept: &[String],
     decision: &mut StatusDecision,
     now_ms: u64,
 ) -> Option<Held> {
@@ -184,9 +183,6 @@ pub fn hold_lowering(
     };
     let mut unknown = Vec::new();
     for (key, ours) in &mut decision.used {
-        if kept.contains(key) {
-            continue;
-        }
         let Ok(counted) = Quantity::parse_k8s(ours) else {
             continue;
         };
@@ -396,7 +392,7 @@ mod tests {
         // 24 counted; 3 charged at 10.0 s and 2 at 10.2 s (their objects may be on the way).
         let state = state(&[(CM, "30"), ("pods", "2")], &[(10_000, 3), (10_200, 2)]);
         let mut d = decision(&[(CM, "24"), ("pods", "2")]);
-        let held = hold_lowering(&state, &own(&state), 0, &[], &mut d, 10_300).expect("held");
+        let held = hold_lowering(&state, &own(&state), 0, &mut d, 10_300).expect("held");
         assert_eq!(held.keys, vec![CM.to_owned()]);
         assert_eq!(held.until_ms, 10_200 + SETTLE_MS);
         assert_eq!(d.used[CM].0, "29", "24 + 3 + 2");
@@ -404,13 +400,13 @@ mod tests {
 
         // The first charge aged out: 24 + 2.
         let mut d = decision(&[(CM, "24"), ("pods", "2")]);
-        hold_lowering(&state, &own(&state), 0, &[], &mut d, 10_000 + SETTLE_MS).expect("held");
+        hold_lowering(&state, &own(&state), 0, &mut d, 10_000 + SETTLE_MS).expect("held");
         assert_eq!(d.used[CM].0, "26");
 
         // Every charge aged out: as counted.
         let mut d = decision(&[(CM, "24"), ("pods", "2")]);
         assert_eq!(
-            hold_lowering(&state, &own(&state), 0, &[], &mut d, 10_200 + SETTLE_MS),
+            hold_lowering(&state, &own(&state), 0, &mut d, 10_200 + SETTLE_MS),
             None
         );
         assert_eq!(d.used[CM].0, "24");
@@ -462,7 +458,7 @@ mod tests {
     fn never_above_the_stored_value_and_nothing_written_when_it_stands() {
         let state = state(&[(CM, "30"), ("pods", "2")], &[(10_000, 8)]);
         let mut d = decision(&[(CM, "28"), ("pods", "2")]);
-        hold_lowering(&state, &own(&state), 0, &[], &mut d, 10_001).expect("held");
+        hold_lowering(&state, &own(&state), 0, &mut d, 10_001).expect("held");
         assert_eq!(d.used[CM].0, "30", "28 + 8 is past what admission charged");
         assert!(!d.dirty, "nothing else to write");
     }
@@ -471,22 +467,18 @@ mod tests {
     fn raising_and_keys_no_recent_charge_touched_are_written_as_computed() {
         let charged = state(&[(CM, "30"), ("pods", "5")], &[(10_000, 1)]);
         let mut d = decision(&[(CM, "31"), ("pods", "3")]);
-        assert_eq!(
-            hold_lowering(&charged, &own(&charged), 0, &[], &mut d, 10_001),
-            None
-        );
+        assert_eq!(hold_lowering(&charged, &own(&charged), 0, &mut d, 10_001), None);
         assert_eq!((d.used[CM].0.as_str(), d.used["pods"].0.as_str()), ("31", "3"));
         let uncharged = state(&[(CM, "30"), ("pods", "2")], &[]);
         let mut d = decision(&[(CM, "1"), ("pods", "2")]);
-        assert_eq!(
-            hold_lowering(&uncharged, &own(&uncharged), 0, &[], &mut d, 0),
-            None
-        );
+        assert_eq!(hold_lowering(&uncharged, &own(&uncharged), 0, &mut d, 0), None);
         assert_eq!(d.used[CM].0, "1");
     }
 
-    /// Stored 5, and one configmap charged at version 85, seen at 1 s.
-    fn stored_5_charged_at_85() -> QuotaState {
+    #[test]
+    fn a_charge_no_watch_has_come_past_is_added_whatever_is_stored() {
+        // Counted 5, stored 5 (an uncharged object counted, a charge on a stale value): the
+        // charge at 85 is for an object stored after 85, and the watches delivered up to 80.
         let mut state = state(&[(CM, "5"), ("pods", "2")], &[]);
         note(
             &mut state.charges,
@@ -494,16 +486,8 @@ mod tests {
             Some(85),
             1_000,
         );
-        state
-    }
-
-    #[test]
-    fn a_charge_no_watch_has_come_past_is_added_whatever_is_stored() {
-        // Counted 5, stored 5 (an uncharged object counted, a charge on a stale value): the
-        // charge at 85 is for an object stored after 85, and the watches delivered up to 80.
-        let state = stored_5_charged_at_85();
         let mut d = decision(&[(CM, "5"), ("pods", "2")]);
-        let held = hold_lowering(&state, &own(&state), 80, &[], &mut d, 1_001).expect("held");
+        let held = hold_lowering(&state, &own(&state), 80, &mut d, 1_001).expect("held");
         assert_eq!(held.keys, vec![CM.to_owned()]);
         assert_eq!(d.used[CM].0, "6");
         assert!(d.dirty);
@@ -511,29 +495,12 @@ mod tests {
         let mut stored_7 = self::state(&[(CM, "7"), ("pods", "2")], &[]);
         stored_7.charges.clone_from(&state.charges);
         let mut d = decision(&[(CM, "5"), ("pods", "2")]);
-        hold_lowering(&stored_7, &own(&stored_7), 80, &[], &mut d, 1_001).expect("held");
+        hold_lowering(&stored_7, &own(&stored_7), 80, &mut d, 1_001).expect("held");
         assert_eq!(d.used[CM].0, "6");
         // A watch past 85 may have delivered it: capped at the stored value, as counted.
         let mut d = decision(&[(CM, "5"), ("pods", "2")]);
-        assert_eq!(hold_lowering(&state, &own(&state), 86, &[], &mut d, 1_001), None);
+        assert_eq!(hold_lowering(&state, &own(&state), 86, &mut d, 1_001), None);
         assert_eq!(d.used[CM].0, "5");
-    }
-
-    #[test]
-    fn a_kept_key_is_written_as_stored_without_the_charges_it_holds() {
-        // Stored 5 at the quota's version, its watch not synced (the value kept): a charge at
-        // 85 that no watch has come past is in the stored 5 already, not added to it.
-        let state = stored_5_charged_at_85();
-        let mut d = decision(&[(CM, "5"), ("pods", "2")]);
-        assert_eq!(
-            hold_lowering(&state, &own(&state), 80, &[CM.to_owned()], &mut d, 1_001),
-            None
-        );
-        assert_eq!(d.used[CM].0, "5");
-        // Counted (not kept), the same charge is added: its object is not counted yet.
-        let mut d = decision(&[(CM, "5"), ("pods", "2")]);
-        hold_lowering(&state, &own(&state), 80, &[], &mut d, 1_001).expect("held");
-        assert_eq!(d.used[CM].0, "6");
     }
 
     #[test]
@@ -548,27 +515,35 @@ mod tests {
         // Written at 6; the events at 7 and 9 charged 1 each; the view (9) holds 2 above the
         // write: noted already.
         let charges = vec![at(6, one(1)), at(7, one(1)), at(9, one(1))];
-        assert_eq!(not_yet_noted(&charges, 6, 9, one(2)), vec![]);
+        assert_eq!(not_yet_noted(&charges, 6, 9, one(2), 200), vec![]);
+        // Those charges aged out: all of it again.
+        assert_eq!(
+            not_yet_noted(&charges, 6, 9, one(2), 100 + SETTLE_MS)[0]
+                .1
+                .to_k8s()
+                .0,
+            "2"
+        );
         // A relist jumped from 5 to 9 and noted 1: the rest of the raise is noted.
         let charges = vec![at(9, one(1))];
-        let rest = not_yet_noted(&charges, 6, 9, one(3));
+        let rest = not_yet_noted(&charges, 6, 9, one(3), 200);
         assert_eq!(rest.len(), 1);
         assert_eq!(rest[0].1.to_k8s().0, "2");
         // No charge since the write (a charge at the write's own version or past the view is
         // not this raise's): all of it.
         let charges = vec![at(6, one(1)), at(10, one(1))];
-        assert_eq!(not_yet_noted(&charges, 6, 9, one(2))[0].1.to_k8s().0, "2");
+        assert_eq!(not_yet_noted(&charges, 6, 9, one(2), 200)[0].1.to_k8s().0, "2");
         // A merged charge is not one version's: it does not count.
         let mut merged = at(8, one(2));
         merged.merged = true;
-        assert_eq!(not_yet_noted(&[merged], 6, 9, one(2))[0].1.to_k8s().0, "2");
+        assert_eq!(not_yet_noted(&[merged], 6, 9, one(2), 200)[0].1.to_k8s().0, "2");
     }
 
     #[test]
     fn equal_values_in_other_forms_are_not_lower() {
         let state = state(&[(CM, "30"), ("pods", "2")], &[(5, 1)]);
         let mut d = decision(&[(CM, "30000m"), ("pods", "2")]);
-        assert_eq!(hold_lowering(&state, &own(&state), 0, &[], &mut d, 6), None);
+        assert_eq!(hold_lowering(&state, &own(&state), 0, &mut d, 6), None);
     }
 
     #[test]
@@ -591,7 +566,7 @@ mod tests {
         let odd = raised(None::<&QuantityList>, Some(&list(&[(CM, "not-a-quantity")])));
         note(&mut state.charges, odd, None, 100);
         let mut d = decision(&[(CM, "2"), ("pods", "2")]);
-        hold_lowering(&state, &own(&state), 0, &[], &mut d, 101).expect("held");
+        hold_lowering(&state, &own(&state), 0, &mut d, 101).expect("held");
         assert_eq!(d.used[CM].0, "30");
     }
 

@@ -315,7 +315,7 @@ impl Engine {
         let view = state.resource_version.as_deref().and_then(|rv| rv.parse().ok());
         let raised = match (written, view) {
             (Some(written), Some(view)) => {
-                crate::lowering::not_yet_noted(&state.charges, written, view, raised)
+                crate::lowering::not_yet_noted(&state.charges, written, view, raised, now_ms)
             }
             _ => raised,
         };

@@ -101,19 +101,7 @@ impl Reconciler {
             debug!(quota = %key, "a key admission did not maintain is not computed yet: left out");
         }
         let now_ms = self.ms(now.instant);
-        // Keys not computed keep the stored value; where admission maintains them, that value
-        // holds every charge up to the quota's version (and a write on it conflicts with any
-        // later one), so no charge is added to it.
-        let kept: Vec<String> = match self.engine.index.get(&key) {
-            Some(e) => computed
-                .uncomputed
-                .iter()
-                .filter(|k| e.payload.maintained(k))
-                .cloned()
-                .collect(),
-            None => Vec::new(),
-        };
-        if let Some(held) = self.hold_lowering(&key, &kept, &mut decision, now_ms) {
+        if let Some(held) = self.hold_lowering(&key, &mut decision, now_ms) {
             debug!(quota = %key, keys = ?held.keys, "recent charges added to what is counted");
             let at = self.epoch + std::time::Duration::from_millis(held.until_ms);
             self.queue.add_at(key.clone(), at);
@@ -179,7 +167,6 @@ impl Reconciler {
     fn hold_lowering(
         &self,
         key: &QuotaKey,
-        kept: &[String],
         decision: &mut lazyquota_quota::StatusDecision,
         now_ms: u64,
     ) -> Option<lowering::Held> {
@@ -198,7 +185,7 @@ impl Reconciler {
             .map(|w| w.observed)
             .max()
             .unwrap_or(0);
-        lowering::hold_lowering(&entry.payload, &charges, observed, kept, decision, now_ms)
+        lowering::hold_lowering(&entry.payload, &charges, observed, decision, now_ms)
     }
 
     /// The charges seen on the quota and its neighbours in its namespace — and in the namespace

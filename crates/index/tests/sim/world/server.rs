@@ -158,12 +158,14 @@ impl World {
             }
         }
         // Precision, counted (not a violation: a charge lazyquota cannot place — one a jump of
-        // its view of quotas brought, or one admission made on two quotas for one object — is
-        // added whole while its object may be counted, too high for the charges' settling
-        // time by design): a key raised above what it stored and above every object that
-        // existed at some moment since the quota was created (or is on its way). Keeping the
-        // stored value is not counted (admission charged it), nor a write within the settling
-        // time after the view of quotas there jumped.
+        // its view of quotas brought, one admission made on two quotas for one object, one
+        // already in a stored value kept while its watch is not synced — is added whole while
+        // its object may be counted, too high for the charges' settling time by design, since
+        // the stored value may lack an object never charged): a key raised above what it
+        // stored and above every object that existed at some moment since the quota was
+        // created (or is on its way). Keeping the stored value is not counted (admission
+        // charged it), nor a write within the settling time after the view of quotas there
+        // jumped.
         let jumped = self.relisted.max(self.jumped.get(&qkey.0).copied().unwrap_or(0));
         let after_jump = jumped > 0 && self.now < jumped + lazyquota_index::lowering::SETTLE_MS;
         let overcounts = write
