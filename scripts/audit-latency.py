@@ -18,14 +18,11 @@ import collections
 import json
 from datetime import datetime
 
+from latency_table import row
+
 
 def seconds(stamp):
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-
-def percentile(values, p):
-    values = sorted(values)
-    return values[min(len(values) - 1, round(p / 100 * (len(values) - 1)))]
 
 
 def main():
@@ -53,8 +50,8 @@ def main():
     print("| client (User-Agent) | verb | subresource | quotas | n | p50 ms | p90 ms | p99 ms | max ms |")
     print("|---|---|---|---|---|---|---|---|---|")
     for (agent, verb, sub, which), took in sorted(served.items()):
-        cells = [f"{percentile(took, p):.1f}" for p in (50, 90, 99)]
-        print(f"| {agent or '(none)'} | {verb} | {sub or '–'} | {which} | {len(took)} | {' | '.join(cells)} | {max(took):.1f} |")
+        label = f"{agent or '(none)'} | {verb} | {sub or '–'} | {which}"
+        print(row(label, took, (50, 90, 99)))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ import re
 import sys
 from datetime import datetime
 
+from latency_table import row
+
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 LINE = re.compile(r"^(\S+)\s+DEBUG\s+(?:\S+:\s+)?lazyquota_kube::controller::trace:\s+(.*?)((?:\s+\w+=\S+)*)\s*$")
 FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
@@ -118,11 +120,6 @@ def samples(path, name):
     return done
 
 
-def pct(values, p):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("log")
@@ -160,7 +157,7 @@ def main():
     for label, a, b, discovered in rows:
         d = [1000 * (s[b] - s[a]) for s in found if a in s and b in s and chosen(s, discovered)]
         if d:
-            print(f"| {label} | {len(d)} | {pct(d, 50):.1f} | {pct(d, 99):.1f} | {max(d):.1f} |")
+            print(row(label, d))
 
     # A consistent list waits for the apiserver's cache to catch up with etcd, and the cache asks
     # etcd for that progress at most once per period per type: lists of a type read a moment
@@ -172,7 +169,7 @@ def main():
         d = [1000 * (s["listed"] - s["listing"]) for s in found
              if "listed" in s and s.get("list_gap") is not None and lo <= s["list_gap"] < hi]
         if d:
-            print(f"| {label} | {len(d)} | {pct(d, 50):.1f} | {pct(d, 99):.1f} | {max(d):.1f} |")
+            print(row(label, d))
 
 
 if __name__ == "__main__":

@@ -309,17 +309,15 @@ impl Engine {
         written: Option<u64>,
         now_ms: u64,
     ) {
-        let Some(state) = self.index.payload_mut(key) else {
-            return;
-        };
-        let view = state.resource_version.as_deref().and_then(|rv| rv.parse().ok());
-        let raised = match (written, view) {
-            (Some(written), Some(view)) => {
+        let state = self.index.get(key).map(|e| &e.payload);
+        let view = state.and_then(|s| s.resource_version.as_deref()?.parse().ok());
+        let raised = match (state, written, view) {
+            (Some(state), Some(written), Some(view)) => {
                 crate::lowering::not_yet_noted(&state.charges, written, view, raised, now_ms)
             }
             _ => raised,
         };
-        crate::lowering::note(&mut state.charges, raised, view, now_ms);
+        self.note_charge(key, raised, now_ms);
     }
 
     /// Forgets what the quota's event at `written` raised, now that a response said that
