@@ -160,11 +160,17 @@ pub fn not_yet_noted(
 /// certainly not counted yet, so they are added whatever is stored. A key with no stored
 /// value (a quota or key just added) is written at the floor, or left out (admission then
 /// refuses what would charge it: closed, not open) if a charge's amount is unknown. Clears
-/// `dirty` when nothing is left to write.
+/// `dirty` when nothing is left to write. Keys in `kept` were not computed (their watches are
+/// not synced) and keep the stored value, which holds every charge of this quota up to the
+/// version a write is conditioned on (admission's charges are conditioned updates): adding
+/// them again would write them twice. The kept value may lack objects admission never
+/// charged to this quota; so may the stored value whenever no charge is recent — a key
+/// lazyquota cannot compute keeps what admission maintains, and says so.
 pub fn hold_lowering(
     state: &QuotaState,
     charges: &[&Charge],
     observed: u64,
+    kept: &[String],
     decision: &mut StatusDecision,
     now_ms: u64,
 ) -> Option<Held> {
@@ -183,6 +189,9 @@ pub fn hold_lowering(
     };
     let mut unknown = Vec::new();
     for (key, ours) in &mut decision.used {
+        if kept.contains(key) {
+            continue;
+        }
         let Ok(counted) = Quantity::parse_k8s(ours) else {
             continue;
         };
@@ -392,7 +401,7 @@ mod tests {
         // 24 counted; 3 charged at 10.0 s and 2 at 10.2 s (their objects may be on the way).
         let state = state(&[(CM, "30"), ("pods", "2")], &[(10_000, 3), (10_200, 2)]);
         let mut d = decision(&[(CM, "24"), ("pods", "2")]);
-        let held = hold_lowering(&state, &own(&state), 0, &mut d, 10_300).expect("held");
+        let held = hold_lowering(&state, &own(&state), 0, &[], &mut d, 10_300).expect("held");
         assert_eq!(held.keys, vec![CM.to_owned()]);
         assert_eq!(held.until_ms, 10_200 + SETTLE_MS);
         assert_eq!(d.used[CM].0, "29", "24 + 3 + 2");
@@ -400,13 +409,13 @@ mod tests {
 
         // The first charge aged out: 24 + 2.
         let mut d = decision(&[(CM, "24"), ("pods", "2")]);
-        hold_lowering(&state, &own(&state), 0, &mut d, 10_000 + SETTLE_MS).expect("held");
+        hold_lowering(&state, &own(&state), 0, &[], &mut d, 10_000 + SETTLE_MS).expect("held");
         assert_eq!(d.used[CM].0, "26");
 
         // Every charge aged out: as counted.
         let mut d = decision(&[(CM, "24"), ("pods", "2")]);
         assert_eq!(
-            hold_lowering(&state, &own(&state), 0, &mut d, 10_200 + SETTLE_MS),
+            hold_lowering(&state, &own(&state), 0, &[], &mut d, 10_200 + SETTLE_MS),
             None
         );
         assert_eq!(d.used[CM].0, "24");
@@ -458,7 +467,7 @@ mod tests {
     fn never_above_the_stored_value_and_nothing_written_when_it_stands() {
         let state = state(&[(CM, "30"), ("pods", "2")], &[(10_000, 8)]);
         let mut d = decision(&[(CM, "28"), ("pods", "2")]);
-        hold_lowering(&state, &own(&state), 0, &mut d, 10_001).expect("held");
+        hold_lowering(&state, &own(&state), 0, &[], &mut d, 10_001).expect("held");
         assert_eq!(d.used[CM].0, "30", "28 + 8 is past what admission charged");
         assert!(!d.dirty, "nothing else to write");
     }
@@ -467,11 +476,17 @@ mod tests {
     fn raising_and_keys_no_recent_charge_touched_are_written_as_computed() {
         let charged = state(&[(CM, "30"), ("pods", "5")], &[(10_000, 1)]);
         let mut d = decision(&[(CM, "31"), ("pods", "3")]);
-        assert_eq!(hold_lowering(&charged, &own(&charged), 0, &mut d, 10_001), None);
+        assert_eq!(
+            hold_lowering(&charged, &own(&charged), 0, &[], &mut d, 10_001),
+            None
+        );
         assert_eq!((d.used[CM].0.as_str(), d.used["pods"].0.as_str()), ("31", "3"));
         let uncharged = state(&[(CM, "30"), ("pods", "2")], &[]);
         let mut d = decision(&[(CM, "1"), ("pods", "2")]);
-        assert_eq!(hold_lowering(&uncharged, &own(&uncharged), 0, &mut d, 0), None);
+        assert_eq!(
+            hold_lowering(&uncharged, &own(&uncharged), 0, &[], &mut d, 0),
+            None
+        );
         assert_eq!(d.used[CM].0, "1");
     }
 
@@ -487,7 +502,7 @@ mod tests {
             1_000,
         );
         let mut d = decision(&[(CM, "5"), ("pods", "2")]);
-        let held = hold_lowering(&state, &own(&state), 80, &mut d, 1_001).expect("held");
+        let held = hold_lowering(&state, &own(&state), 80, &[], &mut d, 1_001).expect("held");
         assert_eq!(held.keys, vec![CM.to_owned()]);
         assert_eq!(d.used[CM].0, "6");
         assert!(d.dirty);
@@ -495,11 +510,20 @@ mod tests {
         let mut stored_7 = self::state(&[(CM, "7"), ("pods", "2")], &[]);
         stored_7.charges.clone_from(&state.charges);
         let mut d = decision(&[(CM, "5"), ("pods", "2")]);
-        hold_lowering(&stored_7, &own(&stored_7), 80, &mut d, 1_001).expect("held");
+        hold_lowering(&stored_7, &own(&stored_7), 80, &[], &mut d, 1_001).expect("held");
         assert_eq!(d.used[CM].0, "6");
         // A watch past 85 may have delivered it: capped at the stored value, as counted.
         let mut d = decision(&[(CM, "5"), ("pods", "2")]);
-        assert_eq!(hold_lowering(&state, &own(&state), 86, &mut d, 1_001), None);
+        assert_eq!(hold_lowering(&state, &own(&state), 86, &[], &mut d, 1_001), None);
+        assert_eq!(d.used[CM].0, "5");
+
+        // Kept (its watch not synced, so the decision carries the stored 5): the charge at 85
+        // is in the stored 5 already — the view is at or past it, or the write conflicts.
+        let mut d = decision(&[(CM, "5"), ("pods", "2")]);
+        assert_eq!(
+            hold_lowering(&state, &own(&state), 80, &[CM.to_owned()], &mut d, 1_001),
+            None
+        );
         assert_eq!(d.used[CM].0, "5");
     }
 
@@ -543,7 +567,7 @@ mod tests {
     fn equal_values_in_other_forms_are_not_lower() {
         let state = state(&[(CM, "30"), ("pods", "2")], &[(5, 1)]);
         let mut d = decision(&[(CM, "30000m"), ("pods", "2")]);
-        assert_eq!(hold_lowering(&state, &own(&state), 0, &mut d, 6), None);
+        assert_eq!(hold_lowering(&state, &own(&state), 0, &[], &mut d, 6), None);
     }
 
     #[test]
@@ -566,7 +590,7 @@ mod tests {
         let odd = raised(None::<&QuantityList>, Some(&list(&[(CM, "not-a-quantity")])));
         note(&mut state.charges, odd, None, 100);
         let mut d = decision(&[(CM, "2"), ("pods", "2")]);
-        hold_lowering(&state, &own(&state), 0, &mut d, 101).expect("held");
+        hold_lowering(&state, &own(&state), 0, &[], &mut d, 101).expect("held");
         assert_eq!(d.used[CM].0, "30");
     }
 

@@ -101,7 +101,19 @@ impl Reconciler {
             debug!(quota = %key, "a key admission did not maintain is not computed yet: left out");
         }
         let now_ms = self.ms(now.instant);
-        if let Some(held) = self.hold_lowering(&key, &mut decision, now_ms) {
+        // Keys not computed keep the stored value; where admission maintains them, it holds
+        // every charge of this quota up to the version the write is conditioned on, so none is
+        // added to it again.
+        let kept: Vec<String> = match self.engine.index.get(&key) {
+            Some(e) if !active(Mutation::KeptKeyChargedAgain) => computed
+                .uncomputed
+                .iter()
+                .filter(|k| e.payload.maintained(k))
+                .cloned()
+                .collect(),
+            _ => Vec::new(),
+        };
+        if let Some(held) = self.hold_lowering(&key, &kept, &mut decision, now_ms) {
             debug!(quota = %key, keys = ?held.keys, "recent charges added to what is counted");
             let at = self.epoch + std::time::Duration::from_millis(held.until_ms);
             self.queue.add_at(key.clone(), at);
@@ -167,6 +179,7 @@ impl Reconciler {
     fn hold_lowering(
         &self,
         key: &QuotaKey,
+        kept: &[String],
         decision: &mut lazyquota_quota::StatusDecision,
         now_ms: u64,
     ) -> Option<lowering::Held> {
@@ -185,7 +198,7 @@ impl Reconciler {
             .map(|w| w.observed)
             .max()
             .unwrap_or(0);
-        lowering::hold_lowering(&entry.payload, &charges, observed, decision, now_ms)
+        lowering::hold_lowering(&entry.payload, &charges, observed, kept, decision, now_ms)
     }
 
     /// The charges seen on the quota and its neighbours in its namespace — and in the namespace

@@ -129,11 +129,13 @@ impl World {
         // Safety: no key written below the objects that exist (and those charged in flight).
         // One shortfall is the server's, not the writer's: objects admitted while the quota did
         // not enforce the key (before the quota existed, or before its status.hard had the key:
-        // upstream admission neither charges nor refuses them) and stored after the version the
-        // writer's watches have reached. A
-        // raise (or a value kept) may lack them until the watches deliver them; a first value
-        // or a lowered one is written only once the watches have caught up with the quota, so
-        // it has no such excuse.
+        // upstream admission neither charges nor refuses them). A raise may lack them until
+        // the watches deliver them, and a value kept while a watch is not synced may lack them
+        // even if a watch delivered them before it failed (lazyquota cannot know they still
+        // exist, so it keeps what admission maintains); either holds every charged one. This
+        // check does not see the watches' positions, so it excuses any such raise or kept
+        // value. A first value or a lowered one is written only once the watches have caught
+        // up with the quota, so it has no such excuse.
         let mut shortfalls = 0;
         for (k, v) in &write.used {
             let truth = self.server.truth_at(&qkey.0, &key.name, k, q.rv, false);
@@ -158,14 +160,12 @@ impl World {
             }
         }
         // Precision, counted (not a violation: a charge lazyquota cannot place — one a jump of
-        // its view of quotas brought, one admission made on two quotas for one object, one
-        // already in a stored value kept while its watch is not synced — is added whole while
-        // its object may be counted, too high for the charges' settling time by design, since
-        // the stored value may lack an object never charged): a key raised above what it
-        // stored and above every object that existed at some moment since the quota was
-        // created (or is on its way). Keeping the stored value is not counted (admission
-        // charged it), nor a write within the settling time after the view of quotas there
-        // jumped.
+        // its view of quotas brought, one admission made on two quotas for one object — is
+        // added whole while its object may be counted, too high for the charges' settling
+        // time by design): a key raised above what it stored and above every object that
+        // existed at some moment since the quota was created (or is on its way). Keeping the
+        // stored value is not counted (admission charged it), nor a write within the settling
+        // time after the view of quotas there jumped.
         let jumped = self.relisted.max(self.jumped.get(&qkey.0).copied().unwrap_or(0));
         let after_jump = jumped > 0 && self.now < jumped + lazyquota_index::lowering::SETTLE_MS;
         let overcounts = write
