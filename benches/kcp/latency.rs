@@ -144,20 +144,28 @@ pub(crate) struct Samples {
 
 /// Every target's sample, one at a time, the cases interleaved (a drift of the shard over the
 /// run touches every case alike). With `lq`, lazyquota's disengagement and watch release after
-/// each delete are waited for and timed, so the next cold sample is cold again.
+/// each delete are waited for and timed, so the next cold sample is cold again. A sample starts
+/// no sooner than `type_gap` after the previous sample of its type ended: the shard's cache of a
+/// type asks etcd for progress at most once per period, so a list of the type soon after the
+/// previous one waits for the period to run out (`docs/kcp.md`).
 pub(crate) async fn sample(
     shard: &Shard,
     clusters: &[String],
     targets: &[(Case, Vec<(usize, String)>)],
     objects: usize,
+    type_gap: Duration,
     mut lq: Option<&mut Lazyquota>,
 ) -> Samples {
     let mut out = Samples::default();
+    let mut last_of_type: BTreeMap<String, Instant> = BTreeMap::new();
     let rounds = targets.iter().map(|(_, t)| t.len()).max().unwrap_or(0);
     let who = if lq.is_some() { "lazyquota" } else { "kcp" };
     for round in 0..rounds {
         for (case, list) in targets {
             let Some((i, key)) = list.get(round) else { continue };
+            if let Some(ended) = last_of_type.get(key) {
+                tokio::time::sleep(type_gap.saturating_sub(ended.elapsed())).await;
+            }
             let before = match lq.as_deref() {
                 Some(lq) => Some(lq.engagement().await.expect("lazyquota metrics")),
                 None => None,
@@ -184,6 +192,7 @@ pub(crate) async fn sample(
                 out.release.entry(*case).or_default().push(t.elapsed());
             }
             gone(shard, &clusters[*i], SAMPLE).await;
+            last_of_type.insert(key.clone(), Instant::now());
         }
     }
     out

@@ -63,6 +63,9 @@ pub(crate) struct Args {
     /// Before each configuration's samples, every sampled type listed once (see
     /// `latency::touch_types`).
     pub(crate) touch_types: bool,
+    /// `--type-gap MS`: a sample waits until this long after the end of the previous sample of
+    /// its type (both configurations alike); zero: no wait.
+    pub(crate) type_gap: Duration,
     pub(crate) out: PathBuf,
     pub(crate) quick: bool,
     /// `--shards N` (N ≥ 2): the run across a sharded kcp (`crate::sharded`); 0: one shard.
@@ -98,6 +101,7 @@ impl Args {
                 exact_baseline: None,
                 exact_own_watches: false,
                 touch_types: false,
+                type_gap: Duration::ZERO,
                 poll: Duration::from_millis(500),
                 out: std::env::temp_dir().join("lazyquota-bench-kcp-quick"),
                 quick,
@@ -123,6 +127,7 @@ impl Args {
                 exact_baseline: None,
                 exact_own_watches: false,
                 touch_types: false,
+                type_gap: Duration::ZERO,
                 poll: Duration::from_secs(2),
                 out: repo().join("benches/results/kcp"),
                 quick,
@@ -153,6 +158,7 @@ impl Args {
                 "--exact-steps" => a.exact_steps = num(value()),
                 "--exact-own-watches" => a.exact_own_watches = true,
                 "--touch-types" => a.touch_types = true,
+                "--type-gap" => a.type_gap = Duration::from_millis(num(value()) as u64),
                 "--exact-baseline" => {
                     let value = value();
                     let (label, path) = value
@@ -167,7 +173,7 @@ impl Args {
                     "unknown flag {other} (--quick, --latency-only, --workspaces, --exports, --providers, \
                      --bindings-per-workspace, --objects, --quota-percent, --samples, --concurrency, \
                      --settle, --settle-max, --lq-settle, --shared-threshold, --exact-steps, --exact-baseline, \
-                     --exact-own-watches, --touch-types, --cost-runs, --shards, --out)"
+                     --exact-own-watches, --touch-types, --type-gap, --cost-runs, --shards, --out)"
                 ),
             }
         }

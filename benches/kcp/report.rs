@@ -262,6 +262,16 @@ fn header(md: &mut String, args: &Args, plan: &Plan, r: &Results, started: Insta
              the shard starts). lazyquota itself had read none of the cold types."
         );
     }
+    if !args.type_gap.is_zero() {
+        let _ = writeln!(
+            md,
+            "\n**`--type-gap {}`**: each sample started no sooner than that after the previous \
+             sample of its type ended (both configurations alike), so no list of lazyquota's met the \
+             shard's progress-request period still running from its list of the type one sample \
+             earlier.",
+            args.type_gap.as_millis()
+        );
+    }
 }
 
 /// kcp's figures in each configuration, and what its quota controller costs (1 − 2).

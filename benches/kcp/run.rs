@@ -130,7 +130,7 @@ pub(crate) async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
             if args.touch_types {
                 touch_types(&shard, &clusters, &targets).await;
             }
-            let samples = sample(&shard, &clusters, &targets, args.objects, None).await;
+            let samples = sample(&shard, &clusters, &targets, args.objects, args.type_gap, None).await;
             res.latency.insert((s, Config::KcpQuota), samples);
         }
 
@@ -186,7 +186,15 @@ pub(crate) async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
             if args.touch_types {
                 touch_types(&shard, &clusters, &targets).await;
             }
-            let samples = sample(&shard, &clusters, &targets, args.objects, Some(&mut lq)).await;
+            let samples = sample(
+                &shard,
+                &clusters,
+                &targets,
+                args.objects,
+                args.type_gap,
+                Some(&mut lq),
+            )
+            .await;
             res.latency.insert((s, Config::Lazyquota), samples);
         }
         if s == last && !args.latency_only {

@@ -236,7 +236,7 @@ pub(crate) async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
     let mut samples = Vec::new();
     for shard in &shards {
         let targets = targets(&plan, last, (args.shared_threshold, args.samples), shard);
-        samples.push(sample(shard, &clusters, &targets, args.objects, None).await);
+        samples.push(sample(shard, &clusters, &targets, args.objects, args.type_gap, None).await);
     }
     res.latency.insert(Config::KcpQuota, samples);
     report::write(args, &plan, &res, started);
@@ -302,7 +302,7 @@ pub(crate) async fn run(args: &Args, dir: &Path, bin: &Path, started: Instant) {
     let mut samples = Vec::new();
     for (shard, lq) in shards.iter().zip(lqs.iter_mut()) {
         let targets = targets(&plan, last, (args.shared_threshold, args.samples), shard);
-        samples.push(sample(shard, &clusters, &targets, args.objects, Some(lq)).await);
+        samples.push(sample(shard, &clusters, &targets, args.objects, args.type_gap, Some(lq)).await);
     }
     res.latency.insert(Config::Lazyquota, samples);
     drop(lqs);
