@@ -266,9 +266,9 @@ fn header(md: &mut String, args: &Args, plan: &Plan, r: &Results, started: Insta
         let _ = writeln!(
             md,
             "\n**`--type-gap {}`**: each sample started no sooner than that after the previous \
-             sample of its type ended (both configurations alike), so no list of lazyquota's met the \
-             shard's progress-request period still running from its list of the type one sample \
-             earlier.",
+             sample of its type ended (both configurations alike): a list of lazyquota's that began \
+             100 ms or more after its list of the type one sample earlier did not meet the shard's \
+             progress-request period (100 ms per type) still running from that list.",
             args.type_gap.as_millis()
         );
     }

@@ -165,7 +165,7 @@ pub fn not_yet_noted(
 /// version a write is conditioned on (admission's charges are conditioned updates): adding
 /// them again would write them twice. The kept value may lack objects admission never
 /// charged to this quota; so may the stored value whenever no charge is recent — a key
-/// lazyquota cannot compute keeps what admission maintains, and says so.
+/// lazyquota cannot compute keeps what admission maintains (and, left uncomputed, is reported).
 pub fn hold_lowering(
     state: &QuotaState,
     charges: &[&Charge],

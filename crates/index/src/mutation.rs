@@ -39,8 +39,8 @@ pub enum Mutation {
     /// its response, is taken for admission's charge and added on top of a later count.
     OwnWriteIsACharge,
     /// Withdrawn once on review, put back since: a key whose watch is not synced keeps the
-    /// stored value and has the quota's recent charges added to it again, although that value
-    /// holds them already (too high, never lower).
+    /// stored value and has the namespace's recent charges added to it again, although that
+    /// value holds this quota's already (too high, never lower).
     KeptKeyChargedAgain,
     /// A watch failing after its sync is reopened at once every time, so one whose list
     /// succeeds but whose watch cannot start lists again and again without backoff.
