@@ -181,3 +181,50 @@ fn a_hung_status_write_stops_counting_against_the_concurrency() {
     );
     assert_eq!(busy_writes(std::iter::empty(), now), (0, None));
 }
+
+/// A key whose type is not served (so not computed) keeps the stored value, charges and all:
+/// admission's charge at 7 is in the stored 4, and the write is conditioned on 7. Returns
+/// the write that a ConfigMap raising the other key brings.
+fn kept_key_after_a_charge() -> StatusWrite {
+    const SERVICES: &str = "count/services";
+    let mut h = Harness::new(false);
+    let hard = [(CM, "10"), (SERVICES, "10")];
+    h.ready(
+        quota(5, &hard, Some(&[(CM, "2"), (SERVICES, "3")])),
+        &[("a", 2), ("b", 3)],
+    );
+    let id = h.watch_id();
+    h.feed(Input::Watch {
+        id,
+        item: Item::Apply(configmap("c", 6)),
+    });
+    // Admission charges a Service at 7, past all the ConfigMap watch delivered.
+    h.feed(Input::Quota(QuotaEvent::Applied(quota(
+        7,
+        &hard,
+        Some(&[(CM, "2"), (SERVICES, "4")]),
+    ))));
+    let effects = h.tick(1);
+    let w = writes(&effects);
+    assert_eq!(w.len(), 1, "{effects:?}");
+    assert_eq!(w[0].precondition.as_deref(), Some("7"));
+    w[0].clone()
+}
+
+#[test]
+fn a_key_not_computed_keeps_the_stored_value_without_its_charges_added_again() {
+    let w = kept_key_after_a_charge();
+    assert_eq!(w.used, list(&[(CM, "3"), ("count/services", "4")]));
+}
+
+#[test]
+fn mutation_a_kept_key_charged_again_writes_the_charge_twice() {
+    crate::mutation::set(Some(crate::mutation::Mutation::KeptKeyChargedAgain));
+    let w = kept_key_after_a_charge();
+    crate::mutation::set(None);
+    assert_eq!(
+        w.used,
+        list(&[(CM, "3"), ("count/services", "5")]),
+        "the old rule adds the charge at 7 to the stored 4 that holds it"
+    );
+}
