@@ -308,6 +308,15 @@ impl<S: Sink> Fanout<S> {
         }
     }
 
+    /// Whether a subscriber still waits for its own list `generation` (not once it left or a
+    /// relist of the shared watch took over).
+    #[must_use]
+    pub fn waits_for(&self, generation: u64) -> bool {
+        self.subscribers
+            .iter()
+            .any(|s| matches!(&s.phase, Phase::Joining { generation: g, .. } if *g == generation))
+    }
+
     /// A subscriber's own list finished: at resourceVersion `at` with its objects, or with
     /// an error (told to the subscriber as a failure, and retried: the list returned). A
     /// result no subscriber waits for any more (a relist took over, or it left) is ignored.

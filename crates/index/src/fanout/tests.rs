@@ -174,6 +174,23 @@ fn a_failed_join_is_reported_and_retried_with_a_growing_backoff() {
 }
 
 #[test]
+fn a_join_list_is_waited_for_only_while_its_subscriber_still_joins() {
+    let mut f = Fanout::new(16);
+    live(&mut f);
+    let (a, join) = subscribed(&mut f, "a");
+    let first = join.expect("joins");
+    assert!(f.waits_for(first.generation));
+    let retry = f
+        .joined(first.generation, Err("refused".into()))
+        .expect("retried");
+    assert!(!f.waits_for(first.generation), "superseded by its retry");
+    assert!(f.waits_for(retry.generation));
+    a.0.borrow_mut().closed = true;
+    f.prune();
+    assert!(!f.waits_for(retry.generation), "its subscriber left");
+}
+
+#[test]
 fn a_subscriber_that_falls_behind_overflows_instead_of_growing_without_bound() {
     const LIMIT: usize = 64;
     let mut f = Fanout::new(LIMIT);

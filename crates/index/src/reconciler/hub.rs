@@ -458,6 +458,10 @@ impl Hub {
                 let Some(entry) = self.watches.get(&key) else {
                     continue;
                 };
+                if !entry.fanout.waits_for(join.generation) {
+                    // Its subscriber left while the list waited for its backoff or a slot.
+                    continue;
+                }
                 self.running.insert((key.clone(), join.generation));
                 effects.push(Effect::ListShare {
                     key,
