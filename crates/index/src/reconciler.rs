@@ -357,7 +357,14 @@ impl Reconciler {
     pub fn tick(&mut self, now: Now) {
         for cluster in self.discoveries.start_due(now.instant) {
             let groups = self.discovery_groups(&cluster);
-            self.effects.push(Effect::Discover { cluster, groups });
+            let first = groups.is_some();
+            self.effects.push(Effect::Discover {
+                cluster: cluster.clone(),
+                groups,
+            });
+            if first {
+                self.start_on_guesses(&cluster, now);
+            }
         }
         self.hub.tick(now.instant, &mut self.effects);
         for (id, (key, served)) in self.restarts.take_due(now.instant) {
@@ -395,6 +402,29 @@ impl Reconciler {
                 .filter(|g| !g.is_empty())
                 .collect(),
         )
+    }
+
+    /// kcp: a workspace's first discovery has just been asked for; the watches its quotas
+    /// need start at once on what the shard's other workspaces serve ([`Resolver::guess`]),
+    /// so that its first list runs beside the discovery instead of after it. Nothing is
+    /// written before the discovery answers (`sync_quota`).
+    ///
+    /// [`Resolver::guess`]: crate::resolver::Resolver::guess
+    fn start_on_guesses(&mut self, cluster: &ClusterName, now: Now) {
+        let demanded: Vec<GroupResource> = self
+            .engine
+            .index
+            .demanded()
+            .filter(|(c, _)| c == cluster)
+            .map(|(_, r)| r.clone())
+            .collect();
+        let guessed = self.engine.resolver.guess(cluster, &demanded);
+        if !guessed.is_empty() {
+            debug!(%cluster, resources = ?guessed, "watching on what other workspaces serve until the discovery answers");
+        }
+        for resource in &guessed {
+            self.sync_watches(cluster, resource, now);
+        }
     }
 
     /// When [`Reconciler::tick`] has something to do next (`None`: only an input can bring

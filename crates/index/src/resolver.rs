@@ -89,6 +89,11 @@ pub enum ResolverChange {
 pub struct Resolver {
     /// Per cluster, what it serves, sorted by resource.
     clusters: HashMap<ClusterName, Arc<[Arc<ServedResource>]>>,
+    /// kcp: per cluster not discovered yet, what it is taken to serve until its first
+    /// discovery answers ([`Resolver::guess`]), sorted by resource. Its watches may start on
+    /// it; nothing is written for the cluster before the discovery ([`Resolver::knows`] stays
+    /// false), which replaces it as it would an earlier discovery's result.
+    guessed: HashMap<ClusterName, Arc<[Arc<ServedResource>]>>,
     /// Every list some cluster holds, once.
     lists: HashSet<Arc<[Arc<ServedResource>]>>,
     /// Every served resource some cluster holds, once.
@@ -124,9 +129,12 @@ impl Resolver {
         served: impl IntoIterator<Item = ServedResource>,
         failed_groups: &[String],
     ) -> Vec<ResolverChange> {
-        let old = self
-            .clusters
-            .remove(cluster)
+        // A first discovery is compared with what was guessed: a guess it confirms changes
+        // nothing, one it does not restarts or stops the watch started on it.
+        let discovered = self.clusters.remove(cluster);
+        let was_discovered = discovered.is_some();
+        let old = discovered
+            .or_else(|| self.guessed.remove(cluster))
             .unwrap_or_else(|| Arc::from(Vec::new()));
         let cluster_scoped = self.cluster_scoped;
         let mut new: BTreeMap<GroupResource, ServedResource> = served
@@ -136,7 +144,11 @@ impl Resolver {
             .collect();
         for served in old.iter() {
             let resource = &served.resource;
-            if failed_groups.iter().any(|g| g == &resource.group) && !new.contains_key(resource) {
+            // Only what a discovery found is kept so; a guess is not.
+            if was_discovered
+                && failed_groups.iter().any(|g| g == &resource.group)
+                && !new.contains_key(resource)
+            {
                 new.insert(resource.clone(), (**served).clone());
             }
         }
@@ -145,7 +157,13 @@ impl Resolver {
             let resource = &was.resource;
             match new.get(resource) {
                 None => changes.push(ResolverChange::Gone(resource.clone())),
-                Some(now) if now.version != was.version || now.kind != was.kind => {
+                // A guess that differs in anything (scope, verbs) is not what the watch on
+                // it should have been.
+                Some(now)
+                    if now.version != was.version
+                        || now.kind != was.kind
+                        || (!was_discovered && now != &**was) =>
+                {
                     changes.push(ResolverChange::Changed(resource.clone()));
                 }
                 Some(_) => {}
@@ -196,7 +214,49 @@ impl Resolver {
     /// Forgets a cluster.
     pub fn remove_cluster(&mut self, cluster: &ClusterName) {
         self.clusters.remove(cluster);
+        self.guessed.remove(cluster);
         self.prune();
+    }
+
+    /// kcp: takes `cluster`, not discovered yet, to serve each of `resources` as every other
+    /// cluster of the shard that serves it does — when they all serve it alike (one version,
+    /// kind, scope and verbs) — until its first discovery answers. Returns the resources
+    /// guessed (none for a cluster discovered already).
+    ///
+    /// Why: a workspace's first quota on a type otherwise waits for the workspace's discovery
+    /// before its list starts; with the guess both run at once, and the discovery still decides
+    /// (a different version restarts the watch, a type not served stops it). A wrong guess
+    /// costs a request, never a count: the list reads the cluster's own objects under its own
+    /// path, or fails.
+    pub fn guess<'a>(
+        &mut self,
+        cluster: &ClusterName,
+        resources: impl IntoIterator<Item = &'a GroupResource>,
+    ) -> Vec<GroupResource> {
+        if self.knows(cluster) {
+            return Vec::new();
+        }
+        let mut held: Vec<Arc<ServedResource>> = self
+            .guessed
+            .get(cluster)
+            .map(|list| list.to_vec())
+            .unwrap_or_default();
+        let mut guessed = Vec::new();
+        for resource in resources {
+            if find(&held, resource).is_some() {
+                continue;
+            }
+            let mut alike = self.interned.iter().filter(|s| &s.resource == resource);
+            if let (Some(only), None) = (alike.next(), alike.next()) {
+                held.push(only.clone());
+                guessed.push(resource.clone());
+            }
+        }
+        if !guessed.is_empty() {
+            held.sort_by(|a, b| a.resource.cmp(&b.resource));
+            self.guessed.insert(cluster.clone(), Arc::from(held));
+        }
+        guessed
     }
 
     /// Whether discovery has run at least once for `cluster`.
@@ -204,9 +264,11 @@ impl Resolver {
         self.clusters.contains_key(cluster)
     }
 
-    /// The served, quotable resource, if any.
+    /// The served, quotable resource, if any (before a cluster's first discovery, what was
+    /// guessed: [`Resolver::guess`]).
     pub fn get(&self, cluster: &ClusterName, resource: &GroupResource) -> Option<&ServedResource> {
-        find(self.clusters.get(cluster)?, resource)
+        let held = self.clusters.get(cluster).or_else(|| self.guessed.get(cluster))?;
+        find(held, resource)
     }
 
     /// Every quotable resource of a cluster (eager mode watches them all; each gets an
@@ -337,6 +399,72 @@ mod tests {
         );
         let gone = resolver.replace(&cluster, [served("", "pods", "v1")], &[]);
         assert_eq!(gone, vec![ResolverChange::Gone(widgets)]);
+    }
+
+    #[test]
+    fn a_guess_is_what_every_other_cluster_serves_alike_and_its_first_discovery_replaces_it() {
+        let (a, b, c, d) = (
+            ClusterName::new("a"),
+            ClusterName::new("b"),
+            ClusterName::new("c"),
+            ClusterName::new("d"),
+        );
+        let widgets = GroupResource::new("x.io", "widgets");
+        let gadgets = GroupResource::new("y.io", "gadgets");
+        let mut resolver = Resolver::new();
+        resolver.replace(
+            &a,
+            [served("x.io", "widgets", "v1"), served("y.io", "gadgets", "v1")],
+            &[],
+        );
+        resolver.replace(
+            &b,
+            [served("x.io", "widgets", "v1"), served("y.io", "gadgets", "v2")],
+            &[],
+        );
+        assert_eq!(
+            resolver.guess(&c, [&widgets, &gadgets]),
+            vec![widgets.clone()],
+            "gadgets are served two ways: no guess"
+        );
+        assert!(!resolver.knows(&c), "a guess is not a discovery");
+        assert_eq!(resolver.get(&c, &widgets).map(|s| s.version.as_str()), Some("v1"));
+        assert!(resolver.get(&c, &gadgets).is_none());
+        assert_eq!(resolver.quotable(&c).count(), 0, "no evaluator from a guess");
+        assert!(
+            resolver.guess(&a, [&widgets]).is_empty(),
+            "a discovered cluster is not guessed"
+        );
+
+        let confirmed = resolver.replace(&c, [served("x.io", "widgets", "v1")], &[]);
+        assert!(
+            confirmed.is_empty(),
+            "a confirmed guess changes nothing: {confirmed:?}"
+        );
+        assert!(resolver.knows(&c));
+
+        resolver.guess(&d, [&widgets]);
+        let mut scoped = served("x.io", "widgets", "v1");
+        scoped.namespaced = false;
+        let mut cluster_scoped = Resolver::new().with_cluster_scoped();
+        cluster_scoped.replace(&a, [served("x.io", "widgets", "v1")], &[]);
+        cluster_scoped.guess(&d, [&widgets]);
+        assert_eq!(
+            cluster_scoped.replace(&d, [scoped], &[]),
+            vec![ResolverChange::Changed(widgets.clone())],
+            "a guess that differs in scope restarts its watch"
+        );
+        assert_eq!(
+            resolver.replace(&d, [served("y.io", "gadgets", "v1")], &["x.io".to_owned()]),
+            vec![
+                ResolverChange::Gone(widgets.clone()),
+                ResolverChange::Served(gadgets.clone())
+            ],
+            "a guess is not kept for a group whose discovery failed"
+        );
+        resolver.guess(&ClusterName::new("e"), [&widgets]);
+        resolver.remove_cluster(&ClusterName::new("e"));
+        assert!(resolver.get(&ClusterName::new("e"), &widgets).is_none());
     }
 
     #[test]

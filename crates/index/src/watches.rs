@@ -69,6 +69,9 @@ pub struct Running {
     pub relisting: bool,
     /// The last failure (a metric label and the error), until the next list or event.
     pub failure: Option<(&'static str, String)>,
+    /// Its quotas were told of that failure (an Event): not while the watch runs on a guess
+    /// before its cluster's first discovery, which says whether the type is served at all.
+    pub failure_told: bool,
     /// Lists started: 1 plus its relists.
     pub lists: u32,
     /// Served by the kcp hub's shared wildcard watch (not a watch of its own).
@@ -382,6 +385,7 @@ impl Watches {
                 synced: false,
                 relisting: false,
                 failure: None,
+                failure_told: false,
                 lists: 0,
                 shared,
                 restarting: false,

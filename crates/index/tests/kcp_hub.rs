@@ -98,6 +98,12 @@ struct Shard {
     used: BTreeMap<String, String>,
     /// Every discovery asked for: the cluster and the groups asked for.
     discoveries: Vec<(ClusterName, Option<BTreeSet<String>>)>,
+    /// Whether discoveries wait in `held` for [`Shard::answer_discovery`] (else answered at
+    /// once).
+    hold_discoveries: bool,
+    held: Vec<ClusterName>,
+    /// Every effect carried out, in order.
+    log: Vec<Effect>,
     violations: Vec<String>,
 }
 
@@ -134,6 +140,9 @@ impl Shard {
             shared: None,
             used: BTreeMap::new(),
             discoveries: Vec::new(),
+            hold_discoveries: false,
+            held: Vec::new(),
+            log: Vec::new(),
             violations: Vec::new(),
         }
     }
@@ -170,7 +179,13 @@ impl Shard {
     fn carry_out(&mut self) {
         let mut pending: VecDeque<Effect> = self.rec.take_effects().into();
         while let Some(effect) = pending.pop_front() {
+            self.log.push(effect.clone());
             let input = match effect {
+                Effect::Discover { cluster, groups } if self.hold_discoveries => {
+                    self.discoveries.push((cluster.clone(), groups));
+                    self.held.push(cluster);
+                    None
+                }
                 Effect::Discover { cluster, groups } => {
                     // kcp lists its own groups besides the bound one: a narrowed discovery
                     // skips them.
@@ -285,6 +300,40 @@ impl Shard {
         (0..CLUSTERS)
             .find(|i| cluster(*i) == *c)
             .expect("a modelled cluster")
+    }
+
+    /// Answers `cluster`'s held discovery: widgets served at `version`.
+    fn answer_discovery(&mut self, cluster: &ClusterName, version: &str) {
+        let at = self
+            .held
+            .iter()
+            .position(|c| c == cluster)
+            .expect("a held discovery");
+        self.held.remove(at);
+        let served = ServedResource {
+            version: version.into(),
+            ..widgets()
+        };
+        self.feed(Input::Discovered {
+            cluster: cluster.clone(),
+            result: Ok(Discovered {
+                served: vec![served],
+                failed_groups: Vec::new(),
+                skipped_groups: vec!["apis.kcp.io".to_owned()],
+            }),
+        });
+    }
+
+    /// Engages cluster `i` (LogicalCluster Ready, its quota) and ticks once.
+    fn engage_one(&mut self, i: usize) {
+        self.feed(Input::LogicalCluster(ClusterEvent::Applied {
+            cluster: Some(cluster(i)),
+            phase: "Ready".into(),
+            path: Some(format!("root:c{i:03}")),
+        }));
+        self.rv += 1;
+        self.feed(Input::Quota(QuotaEvent::Applied(quota(i, self.rv, None))));
+        self.tick(0);
     }
 
     /// Answers the share lists asked for so far, oldest first.
@@ -429,4 +478,157 @@ fn a_workspace_first_discovery_asks_only_for_its_quotas_groups_and_the_full_one_
             cluster(i)
         );
     }
+}
+
+/// The reads of widgets logged since `from` that serve `c`, by version: its own watch's, its
+/// share's, or a shared watch opened (whose list serves the subscribers it has then).
+fn versions_read(shard: &Shard, from: usize, c: &ClusterName) -> Vec<String> {
+    shard.log[from..]
+        .iter()
+        .filter_map(|e| match e {
+            Effect::OpenWatch { key, served, .. } if &key.cluster == c => Some(served.version.clone()),
+            Effect::ListShare { key, cluster, .. } if cluster == c => Some(key.version.clone()),
+            Effect::OpenShared { key, .. } => Some(format!("shared {}", key.version)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_workspace_first_list_runs_beside_its_discovery_on_what_the_others_serve_and_waits_for_it() {
+    mutation::set(None);
+    let mut shard = Shard::new();
+    shard.feed(Input::LogicalCluster(ClusterEvent::RelistStarted));
+    shard.feed(Input::LogicalCluster(ClusterEvent::RelistDone));
+    shard.feed(Input::Quota(QuotaEvent::RelistStarted));
+    shard.feed(Input::Quota(QuotaEvent::RelistDone));
+    shard.engage(0..3);
+    assert_eq!(
+        shard.used.len(),
+        3,
+        "the first three are written: {:?}",
+        shard.used
+    );
+
+    shard.hold_discoveries = true;
+    let from = shard.log.len();
+    shard.engage_one(3);
+    assert_eq!(shard.held, vec![cluster(3)], "its first discovery asked for");
+    assert_eq!(
+        versions_read(&shard, from, &cluster(3)),
+        vec!["v1".to_owned()],
+        "its share listed in the same step, on the version the others serve"
+    );
+    shard.answer_lists();
+    for _ in 0..5 {
+        shard.tick(100);
+    }
+    assert!(
+        !shard.used.contains_key(&cluster(3).to_string()),
+        "nothing written before its discovery answers: {:?}",
+        shard.used
+    );
+    shard.answer_discovery(&cluster(3), "v1");
+    shard.tick(0);
+    assert_eq!(
+        shard.used.get(&cluster(3).to_string()).map(String::as_str),
+        Some(objects_of(3).to_string().as_str()),
+        "written as soon as the discovery confirms the guess, from the list already made"
+    );
+    assert_eq!(
+        versions_read(&shard, from, &cluster(3)),
+        vec!["v1".to_owned()],
+        "a confirmed guess lists nothing again"
+    );
+
+    // A guess the discovery does not confirm: the workspace serves widgets at v2.
+    let from = shard.log.len();
+    shard.engage_one(4);
+    shard.answer_lists();
+    shard.answer_discovery(&cluster(4), "v2");
+    assert!(
+        !shard.used.contains_key(&cluster(4).to_string()),
+        "not written from the list of the wrong version"
+    );
+    assert_eq!(
+        versions_read(&shard, from, &cluster(4)),
+        vec!["v1".to_owned(), "shared v2".to_owned()],
+        "the watch started on the guess restarts at the version discovered (the first of v2: \
+         a shared watch of its own, whose list serves it)"
+    );
+    shard.answer_lists();
+    for _ in 0..5 {
+        shard.tick(100);
+    }
+    assert_eq!(
+        shard.used.get(&cluster(4).to_string()).map(String::as_str),
+        Some(objects_of(4).to_string().as_str()),
+    );
+}
+
+#[test]
+fn a_guess_the_workspace_does_not_serve_tells_its_quota_nothing_and_its_discovery_stops_the_watch() {
+    mutation::set(None);
+    let mut shard = Shard::new();
+    shard.feed(Input::LogicalCluster(ClusterEvent::RelistStarted));
+    shard.feed(Input::LogicalCluster(ClusterEvent::RelistDone));
+    shard.feed(Input::Quota(QuotaEvent::RelistStarted));
+    shard.feed(Input::Quota(QuotaEvent::RelistDone));
+    shard.engage(0..3);
+    shard.hold_discoveries = true;
+    shard.engage_one(3);
+    let (key, generation, c) = shard.lists.pop_front().expect("the share listed on the guess");
+    assert_eq!(c, cluster(3));
+    let from = shard.log.len();
+    // The workspace has no binding of widgets: kcp answers 404.
+    shard.feed(Input::ListedShare {
+        key,
+        generation,
+        result: Err("widgets.example.io \"\" not found".into()),
+    });
+    let told = |shard: &Shard, from: usize| -> Vec<&'static str> {
+        shard.log[from..]
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Event { reason, .. } => Some(*reason),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(
+        told(&shard, from),
+        Vec::<&str>::new(),
+        "no Event before the discovery answers"
+    );
+    let at = shard.held.iter().position(|h| *h == cluster(3)).expect("held");
+    shard.held.remove(at);
+    shard.feed(Input::Discovered {
+        cluster: cluster(3),
+        result: Ok(Discovered {
+            served: Vec::new(),
+            failed_groups: Vec::new(),
+            skipped_groups: vec!["apis.kcp.io".to_owned()],
+        }),
+    });
+    for _ in 0..20 {
+        shard.tick(100);
+    }
+    assert!(
+        !told(&shard, from).contains(&"ResourceUnavailable"),
+        "the type is not served, not unavailable: {:?}",
+        told(&shard, from)
+    );
+    assert!(
+        shard
+            .used
+            .get(&cluster(3).to_string())
+            .is_none_or(String::is_empty),
+        "no count of a type the workspace does not serve: {:?}",
+        shard.used.get(&cluster(3).to_string())
+    );
+    assert!(
+        shard.lists.iter().all(|(_, _, c)| *c != cluster(3)),
+        "no share of widgets listed again for it: {:?}",
+        shard.lists
+    );
 }

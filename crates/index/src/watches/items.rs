@@ -133,8 +133,14 @@ impl Watches {
                     return;
                 };
                 let first_failure = running.failure.is_none() && !running.synced;
-                let new_reason = running.failure.as_ref().is_none_or(|(r, _)| *r != reason);
+                // Before its cluster's first discovery the watch runs on a guess
+                // (`Resolver::guess`): a failure may only mean the type is not served there,
+                // which the discovery is about to say. Told once the discovery has answered.
+                let told =
+                    running.failure_told && running.failure.as_ref().is_some_and(|(r, _)| *r == reason);
+                let new_reason = !told && engine.resolver.knows(&key.cluster);
                 running.failure = Some((reason, message.clone()));
+                running.failure_told |= new_reason;
                 // A shared watch's subscribers list their share again by themselves (fanout).
                 let restart = running.synced && !running.shared && !running.restarting;
                 if restart {
@@ -327,9 +333,10 @@ impl Watches {
                 engine.set_stale(kind, p, false);
             }
         }
-        if let Some(running) = self.running.get_mut(key) {
+        let told = self.running.get_mut(key).is_some_and(|running| {
             running.failure = None;
-        }
+            std::mem::take(&mut running.failure_told)
+        });
         out.push(Action::Recovered(key.clone()));
         // Its keys count again.
         out.extend(
@@ -337,8 +344,10 @@ impl Watches {
                 .into_iter()
                 .map(Action::Enqueue),
         );
-        let note = format!("{} is watched again; its keys are current", key.resource_label());
-        self.emit_for_resource(engine, key, false, "ResourceAvailable", &note, out);
+        if told {
+            let note = format!("{} is watched again; its keys are current", key.resource_label());
+            self.emit_for_resource(engine, key, false, "ResourceAvailable", &note, out);
+        }
     }
 
     fn emit_for_resource(

@@ -143,19 +143,21 @@ const SOAK_FINDS: [u64; 9] = [
     85_114,  // a fresh read after a conflict, answered after the quota's delete, brought it back
 ];
 
-/// The seeds that found a first value written past the settling time without waiting for
-/// the watches fail again with that rule put back.
+/// The seed that found a first value written past the settling time without waiting for
+/// the watches fails again with that rule put back. The two kcp seeds that found it too
+/// (49,813 and 181,821) no longer reach it since a workspace's watches start beside its first
+/// discovery (`Resolver::guess`): by the time its held write goes out they have caught up.
+/// Of seeds 0–300,000 with the rule put back, only 12,730 fails now.
 #[test]
 fn mutation_a_key_unenforced_after_the_settling_time_is_caught() {
-    for seed in [12_730, 49_813, 181_821] {
-        let report = run(Options {
-            seed,
-            mutation: Some(Mutation::UnenforcedAfterSettling),
-            trace: false,
-        });
-        let violation = report.violation.unwrap_or_default();
-        assert!(violation.starts_with("safety"), "seed {seed}: {violation:?}");
-    }
+    let seed = 12_730;
+    let report = run(Options {
+        seed,
+        mutation: Some(Mutation::UnenforcedAfterSettling),
+        trace: false,
+    });
+    let violation = report.violation.unwrap_or_default();
+    assert!(violation.starts_with("safety"), "seed {seed}: {violation:?}");
 }
 
 #[test]
