@@ -308,6 +308,20 @@ impl<S: Sink> Fanout<S> {
         }
     }
 
+    /// Its lists' generations start after `generation` (a hub reopening a shared watch of a
+    /// type whose earlier lists may still be answered).
+    #[must_use]
+    pub fn after_generation(mut self, generation: u64) -> Self {
+        self.generation = generation;
+        self
+    }
+
+    /// The last generation given to a list.
+    #[must_use]
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
     /// Whether a subscriber still waits for its own list `generation` (not once it left or a
     /// relist of the shared watch took over).
     #[must_use]

@@ -156,6 +156,10 @@ pub struct Hub {
     running: BTreeSet<(SharedKey, u64)>,
     /// When shared watches failed after their list are reopened.
     restarts: Restarts<SharedKey, ServedResource>,
+    /// The last share-list generation of a closed shared watch: a watch of the type opened
+    /// again numbers its lists after it, so that an answer to a list of the closed one (still
+    /// in flight: the executor does not abort share lists) is not taken for a new one's.
+    generations: u64,
 }
 
 impl fmt::Debug for Hub {
@@ -186,6 +190,7 @@ impl Hub {
             waiting: VecDeque::new(),
             running: BTreeSet::new(),
             restarts: Restarts::default(),
+            generations: 0,
         }
     }
 
@@ -273,7 +278,7 @@ impl Hub {
                 Shared {
                     key: Arc::new(key.clone()),
                     served: served.clone(),
-                    fanout: Fanout::new(self.buffer),
+                    fanout: Fanout::new(self.buffer).after_generation(self.generations),
                 },
             );
             effects.push(Effect::Metric(Metric::SharedWatches(self.watches.len())));
@@ -303,6 +308,7 @@ impl Hub {
             }
         });
         if !entry.fanout.prune() {
+            self.generations = self.generations.max(entry.fanout.generation());
             self.watches.remove(&key);
             self.waiting.retain(|(_, k, _)| *k != key);
             self.restarts.closed(&key);
@@ -508,4 +514,74 @@ fn with_seen<R>(
         revision: shared.object.revision,
         object: shared.object,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn widgets() -> ServedResource {
+        ServedResource {
+            resource: GroupResource::new("example.io", "widgets"),
+            version: "v1".into(),
+            kind: "Widget".into(),
+            namespaced: true,
+            verbs: ["create", "delete", "list", "watch"].map(String::from).to_vec(),
+        }
+    }
+
+    fn list_generations(effects: &[Effect]) -> Vec<u64> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::ListShare { generation, .. } => Some(*generation),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Opens the shared watch with `first` subscribed and listed, then subscribes `late`
+    /// (which lists its own share); the generations of the lists asked for.
+    fn open_and_join(hub: &mut Hub, first: u64, late: u64, now: Instant) -> Vec<u64> {
+        let mut effects = Vec::new();
+        let c = |id: u64| ClusterName::new(&format!("c{id}"));
+        hub.subscribe(first, c(first), None, &widgets(), now, &mut effects);
+        let key = SharedKey {
+            resource: widgets().resource,
+            version: "v1".into(),
+        };
+        hub.on_event(&key, SharedEvent::Init, now, &mut effects);
+        hub.on_event(&key, SharedEvent::InitDone, now, &mut effects);
+        hub.subscribe(late, c(late), None, &widgets(), now, &mut effects);
+        list_generations(&effects)
+    }
+
+    #[test]
+    fn a_shared_watch_opened_again_does_not_take_a_list_of_the_closed_one_for_its_own() {
+        let now = Instant::now();
+        let mut hub = Hub::new(2, 16);
+        let key = SharedKey {
+            resource: widgets().resource,
+            version: "v1".into(),
+        };
+        let before = open_and_join(&mut hub, 1, 2, now);
+        assert_eq!(before.len(), 1, "the late subscriber lists its share");
+        let mut effects = Vec::new();
+        hub.unsubscribe(1, &mut effects);
+        hub.unsubscribe(2, &mut effects);
+        assert!(effects.iter().any(|e| matches!(e, Effect::CloseShared { .. })));
+
+        let after = open_and_join(&mut hub, 3, 4, now);
+        assert_eq!(after.len(), 1);
+        assert!(after[0] > before[0], "{after:?} after {before:?}");
+        // The closed watch's list answers late, with cluster 2's objects: not cluster 4's.
+        let object = ObjectEvent {
+            namespace: "ns".into(),
+            name: "of-c2".into(),
+            object: crate::engine::Projected::Meta,
+            revision: Some(7),
+        };
+        let delivered = hub.on_listed(&key, before[0], Ok((Some(7), vec![object])), now, &mut effects);
+        assert!(delivered.is_empty(), "{delivered:?}");
+    }
 }
