@@ -78,6 +78,10 @@ pub enum ResolverChange {
     Changed(GroupResource),
 }
 
+/// Types [`Resolver::remember`] keeps, at most: each costs its name and a pointer, and keeps
+/// one interned [`ServedResource`] (about 600 bytes) alive.
+pub const MAX_REMEMBERED: usize = 4096;
+
 /// The resolver for all clusters.
 ///
 /// Cost: a kcp shard's engine holds one entry per served cluster, and its workspaces mostly
@@ -94,6 +98,10 @@ pub struct Resolver {
     /// it; nothing is written for the cluster before the discovery ([`Resolver::knows`] stays
     /// false), which replaces it as it would an earlier discovery's result.
     guessed: HashMap<ClusterName, Arc<[Arc<ServedResource>]>>,
+    /// kcp: how the last discovery that found it served each type a quota named
+    /// ([`Resolver::remember`]), kept after that cluster is let go: what a guess falls back
+    /// on when no discovered cluster serves the type. At most [`MAX_REMEMBERED`] types.
+    remembered: HashMap<GroupResource, Arc<ServedResource>>,
     /// Every list some cluster holds, once.
     lists: HashSet<Arc<[Arc<ServedResource>]>>,
     /// Every served resource some cluster holds, once.
@@ -218,16 +226,17 @@ impl Resolver {
         self.prune();
     }
 
-    /// kcp: takes `cluster`, not discovered yet, to serve each of `resources` as every other
-    /// cluster of the shard that serves it does — when they all serve it alike (one version,
-    /// kind, scope and verbs) — until its first discovery answers. Returns the resources
-    /// guessed (none for a cluster discovered already).
+    /// kcp: takes `cluster`, not discovered yet, to serve each of `resources` as the clusters
+    /// of the shard that serve it do — when they all serve it alike (one version, kind, scope
+    /// and verbs; one such cluster is enough) — until its first discovery answers. Returns the
+    /// resources guessed (none for a cluster discovered already).
     ///
     /// Why: a workspace's first quota on a type otherwise waits for the workspace's discovery
     /// before its list starts; with the guess both run at once, and the discovery still decides
     /// (a different version restarts the watch, a type not served stops it). A wrong guess
-    /// costs a request, never a count: the list reads the cluster's own objects under its own
-    /// path, or fails.
+    /// costs requests, never a count: the watch reads only the cluster's own objects (they
+    /// are none, or the list fails, where it does not serve the type), and nothing of the
+    /// cluster is written before its discovery answers ([`Resolver::knows`]).
     pub fn guess<'a>(
         &mut self,
         cluster: &ClusterName,
@@ -246,8 +255,26 @@ impl Resolver {
             if find(&held, resource).is_some() {
                 continue;
             }
-            let mut alike = self.interned.iter().filter(|s| &s.resource == resource);
-            if let (Some(only), None) = (alike.next(), alike.next()) {
+            // From what discovered clusters hold (`lists`), not from `interned`, which guesses
+            // keep alive too: a guess is never made from another guess.
+            let mut alike: Option<&Arc<ServedResource>> = None;
+            let mut ambiguous = false;
+            for list in &self.lists {
+                if let Ok(i) = list.binary_search_by(|s| s.resource.cmp(resource)) {
+                    match alike {
+                        None => alike = Some(&list[i]),
+                        Some(seen) if **seen == *list[i] => {}
+                        Some(_) => ambiguous = true,
+                    }
+                }
+            }
+            let only = match (alike, ambiguous) {
+                (Some(only), false) => Some(only),
+                // Served by no discovered cluster now: as it was last found.
+                (None, _) => self.remembered.get(resource),
+                (Some(_), true) => None,
+            };
+            if let Some(only) = only {
                 held.push(only.clone());
                 guessed.push(resource.clone());
             }
@@ -262,6 +289,22 @@ impl Resolver {
     /// Whether discovery has run at least once for `cluster`.
     pub fn knows(&self, cluster: &ClusterName) -> bool {
         self.clusters.contains_key(cluster)
+    }
+
+    /// kcp: keeps how `cluster`'s discovery found `resource` served (a type one of its quotas
+    /// names), for later guesses in other clusters ([`Resolver::guess`]) — also once no
+    /// discovered cluster serves it any more. Nothing when the cluster does not serve it, or
+    /// [`MAX_REMEMBERED`] other types are kept already.
+    pub fn remember(&mut self, cluster: &ClusterName, resource: &GroupResource) {
+        let Some(list) = self.clusters.get(cluster) else {
+            return;
+        };
+        let Ok(i) = list.binary_search_by(|s| s.resource.cmp(resource)) else {
+            return;
+        };
+        if self.remembered.len() < MAX_REMEMBERED || self.remembered.contains_key(resource) {
+            self.remembered.insert(resource.clone(), list[i].clone());
+        }
     }
 
     /// The served, quotable resource, if any (before a cluster's first discovery, what was
@@ -465,6 +508,32 @@ mod tests {
         resolver.guess(&ClusterName::new("e"), [&widgets]);
         resolver.remove_cluster(&ClusterName::new("e"));
         assert!(resolver.get(&ClusterName::new("e"), &widgets).is_none());
+
+        let mut alone = Resolver::new();
+        alone.replace(&a, [served("x.io", "widgets", "v1")], &[]);
+        assert_eq!(
+            alone.guess(&ClusterName::new("f"), [&widgets]),
+            vec![widgets.clone()]
+        );
+        alone.remove_cluster(&a);
+        assert!(
+            alone.guess(&ClusterName::new("g"), [&widgets]).is_empty(),
+            "no guess from another guess, once no discovered cluster serves the type"
+        );
+        alone.replace(&a, [served("x.io", "widgets", "v2")], &[]);
+        alone.remember(&a, &widgets);
+        alone.remember(&a, &gadgets);
+        alone.remove_cluster(&a);
+        let later = ClusterName::new("h");
+        assert_eq!(
+            alone.guess(&later, [&widgets, &gadgets]),
+            vec![widgets.clone()],
+            "a type a quota named, as the last discovery that served it found it"
+        );
+        assert_eq!(
+            alone.get(&later, &widgets).map(|s| s.version.as_str()),
+            Some("v2")
+        );
     }
 
     #[test]

@@ -59,6 +59,19 @@ impl Reconciler {
                 .incomplete(cluster, now.instant + FULL_AFTER_NARROWED);
         }
         let changes = self.engine.discovered(cluster, discovered.served, &kept);
+        if self.shard.is_some() {
+            // The types its quotas name, for guesses in workspaces engaged later.
+            let named: Vec<GroupResource> = self
+                .engine
+                .index
+                .demanded()
+                .filter(|(c, _)| c == cluster)
+                .map(|(_, r)| r.clone())
+                .collect();
+            for resource in &named {
+                self.engine.resolver.remember(cluster, resource);
+            }
+        }
         let mut touched: BTreeSet<GroupResource> = BTreeSet::new();
         for change in changes {
             debug!(?change, "discovery change");

@@ -135,7 +135,8 @@ impl Watches {
                 let first_failure = running.failure.is_none() && !running.synced;
                 // Before its cluster's first discovery the watch runs on a guess
                 // (`Resolver::guess`): a failure may only mean the type is not served there,
-                // which the discovery is about to say. Told once the discovery has answered.
+                // which the discovery is about to say. Told at its first failure after the
+                // discovery answered (a failing watch keeps failing as it retries).
                 let told =
                     running.failure_told && running.failure.as_ref().is_some_and(|(r, _)| *r == reason);
                 let new_reason = !told && engine.resolver.knows(&key.cluster);
