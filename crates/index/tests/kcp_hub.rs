@@ -545,11 +545,14 @@ fn a_workspace_first_list_runs_beside_its_discovery_on_what_the_others_serve_and
     let from = shard.log.len();
     shard.engage_one(4);
     shard.answer_lists();
-    shard.answer_discovery(&cluster(4), "v2");
+    for _ in 0..5 {
+        shard.tick(100);
+    }
     assert!(
         !shard.used.contains_key(&cluster(4).to_string()),
-        "not written from the list of the wrong version"
+        "nothing written before its discovery answers"
     );
+    shard.answer_discovery(&cluster(4), "v2");
     assert_eq!(
         versions_read(&shard, from, &cluster(4)),
         vec!["v1".to_owned(), "shared v2".to_owned()],
@@ -563,6 +566,15 @@ fn a_workspace_first_list_runs_beside_its_discovery_on_what_the_others_serve_and
     assert_eq!(
         shard.used.get(&cluster(4).to_string()).map(String::as_str),
         Some(objects_of(4).to_string().as_str()),
+    );
+    // The model keeps one shared watch per type; widgets at v2 is a second, rightly.
+    assert!(
+        shard
+            .violations
+            .iter()
+            .all(|v| v == "a second shared watch of one type"),
+        "{:?}",
+        shard.violations
     );
 }
 
@@ -610,7 +622,8 @@ fn a_guess_the_workspace_does_not_serve_tells_its_quota_nothing_and_its_discover
             skipped_groups: vec!["apis.kcp.io".to_owned()],
         }),
     });
-    for _ in 0..20 {
+    // Well past the failed list's retry backoff (2 s).
+    for _ in 0..50 {
         shard.tick(100);
     }
     assert!(

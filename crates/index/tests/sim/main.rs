@@ -30,7 +30,7 @@ const PARTS: u64 = 8;
 
 /// Fault kinds every part of the CI range must see fire, and how often at least (per seed of
 /// the part): a change that stops a fault from firing fails here, not silently.
-const FLOORS: [(&str, f64); 24] = [
+const FLOORS: [(&str, f64); 25] = [
     ("slow_response", 0.2),
     ("watch_cut", 0.5),
     ("watch_gone", 0.5),
@@ -56,6 +56,7 @@ const FLOORS: [(&str, f64); 24] = [
     ("share_list_error", 0.03),
     ("share_overflow", 0.01),
     ("burst", 0.1),
+    ("wrong_guess", 0.3),
 ];
 
 fn failure(seed: u64, mutation: Option<Mutation>, report: &Report) -> String {

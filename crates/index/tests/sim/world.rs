@@ -272,7 +272,7 @@ impl World {
         };
         // Three seeds in ten model a kcp shard (drawn apart from the run's generator, so every
         // other seed runs as it did before kcp was modelled).
-        let kcp = kcp::is_kcp_seed(options.seed).then(|| Kcp::new(&mut rng, &mut settings));
+        let kcp = kcp::is_kcp_seed(options.seed).then(|| Kcp::new(options.seed, &mut rng, &mut settings));
         let places = match &kcp {
             Some(k) => k.places(),
             None => NAMESPACES.iter().map(|ns| place(CLUSTER, ns)).collect(),

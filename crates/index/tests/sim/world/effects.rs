@@ -19,7 +19,8 @@ impl World {
         for effect in effects {
             self.trace_line(|| format!("  → {}", describe_effect(&effect)));
             match effect {
-                Effect::OpenWatch { id, key, .. } => {
+                Effect::OpenWatch { id, key, served } => {
+                    self.note_wrong_guess(key.cluster.as_str(), &served.version);
                     let Some(res) = Res::of(&key.resource.resource) else {
                         self.violation(format!(
                             "laziness: a watch of {} nobody demands",
@@ -55,7 +56,13 @@ impl World {
                             .as_ref()
                             .is_some_and(|k| k.bound.contains(cluster.as_str()))
                         {
-                            types.push(served(Res::Widgets));
+                            let mut widgets = served(Res::Widgets);
+                            if self.kcp.as_ref().and_then(|k| k.serves_v2.as_deref())
+                                == Some(cluster.as_str())
+                            {
+                                widgets.version = "v2".into();
+                            }
+                            types.push(widgets);
                         }
                         // A narrowed discovery (a workspace's first) leaves out the groups
                         // not asked for and says so.
@@ -152,7 +159,7 @@ impl World {
                     if self
                         .watches
                         .keys()
-                        .any(|w| matches!(w, Wid::Shared(k) if k.resource == key.resource))
+                        .any(|w| matches!(w, Wid::Shared(k) if *k == key))
                     {
                         self.violation(format!("laziness: a second shared watch of {key}"));
                     }
@@ -167,8 +174,19 @@ impl World {
                     cluster,
                     namespace,
                     ..
-                } => self.list_share(key, generation, cluster, namespace),
+                } => {
+                    self.note_wrong_guess(cluster.as_str(), &key.version);
+                    self.list_share(key, generation, cluster, namespace);
+                }
             }
+        }
+    }
+
+    /// Counts a read of widgets in the cluster that serves them at `v2` made at another
+    /// version: on a guess from the other clusters, before its discovery said otherwise.
+    fn note_wrong_guess(&mut self, cluster: &str, version: &str) {
+        if self.kcp.as_ref().and_then(|k| k.serves_v2.as_deref()) == Some(cluster) && version != "v2" {
+            self.fired("wrong_guess");
         }
     }
 

@@ -1,7 +1,8 @@
 //! kcp seeds: the reconciler serves a whole shard. Several logical clusters, each with its
 //! namespaces and quotas; the wildcard LogicalCluster watch (workspaces initializing, made
 //! inactive and ready again, deleted, relisted); APIBindings binding the Widget type into a
-//! cluster (its discovery serves it from then on); shared wildcard watches of a type counted in
+//! cluster (its discovery serves it from then on; in half the seeds `c1`'s at `v2`, so that a
+//! version guessed from the other clusters is wrong there); shared wildcard watches of a type counted in
 //! enough clusters, with the share lists of clusters joining one late, cut and gone like any
 //! watch, and a joining buffer small enough to overflow.
 //!
@@ -28,6 +29,10 @@ pub struct Kcp {
     pub phases: BTreeMap<String, &'static str>,
     /// Clusters whose APIBinding of widgets is bound.
     pub bound: BTreeSet<String>,
+    /// A cluster whose binding serves widgets at `v2` (the others at `v1`), in some seeds: a
+    /// guess from the others (`Resolver::guess`) is wrong there, and its watch restarts at
+    /// the version its discovery finds.
+    pub serves_v2: Option<String>,
     /// Sharing starts at this many logical clusters counting a type.
     pub threshold: usize,
     /// When the LogicalCluster watch delivered last (it delivers in order).
@@ -38,8 +43,9 @@ pub struct Kcp {
 }
 
 impl Kcp {
-    /// A shard of 3–5 logical clusters; `settings` become a shard's.
-    pub fn new(rng: &mut Rng, settings: &mut Settings) -> Self {
+    /// A shard of 3–5 logical clusters; `settings` become a shard's. In half the seeds (by
+    /// the seed alone: the generator draws nothing for it) `c1` serves widgets at `v2`.
+    pub fn new(seed: u64, rng: &mut Rng, settings: &mut Settings) -> Self {
         let count = rng.range(3, 5);
         let clusters: Vec<String> = (0..count).map(|i| format!("c{i}")).collect();
         let mut phases = BTreeMap::new();
@@ -62,6 +68,7 @@ impl Kcp {
             clusters,
             phases,
             bound,
+            serves_v2: (seed % 20 >= 10).then(|| "c1".to_owned()),
             threshold,
             last_at: 0,
             lists: 0,
