@@ -151,6 +151,8 @@ def main():
     # write is the wait for a count of the type's objects, if its key needed one.
     rows += [
         ("seen to written, discovered (cold, warm)", "seen", "written", True),
+        ("  its list begun on a guess, before the discovery answered", "seen", "written", "beside"),
+        ("  its list begun after the discovery answered", "seen", "written", "after"),
         ("seen to written, not discovered (watched)", "seen", "written", False),
         ("  of which seen to writing (a count)", "seen", "writing", False),
         ("    the type read in the 100 ms before", "seen", "writing", "read"),
