@@ -268,11 +268,17 @@ impl Hub {
             version: served.version.clone(),
         };
         if !self.watches.contains_key(&key) {
-            info!(shared = %key, "shared wildcard watch started");
-            effects.push(Effect::OpenShared {
-                key: key.clone(),
-                served: served.clone(),
-            });
+            if self.restarts.waits(&key, served.clone()) {
+                // It failed soon after a restart and closed meanwhile: opened again by this
+                // demand, it still waits for that reopen (its subscribers with it).
+                info!(shared = %key, "shared wildcard watch started; opened once its restart's wait is over");
+            } else {
+                info!(shared = %key, "shared wildcard watch started");
+                effects.push(Effect::OpenShared {
+                    key: key.clone(),
+                    served: served.clone(),
+                });
+            }
             self.watches.insert(
                 key.clone(),
                 Shared {
@@ -311,7 +317,7 @@ impl Hub {
             self.generations = self.generations.max(entry.fanout.generation());
             self.watches.remove(&key);
             self.waiting.retain(|(_, k, _)| *k != key);
-            self.restarts.closed(&key);
+            // Its restart record stays (`Restarts::waits`).
             info!(shared = %key, "shared wildcard watch stopped");
             effects.push(Effect::CloseShared { key });
             effects.push(Effect::Metric(Metric::SharedWatches(self.watches.len())));

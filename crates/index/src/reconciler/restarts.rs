@@ -140,14 +140,23 @@ impl<K: Ord + Clone, T> Restarts<K, T> {
         }
     }
 
-    /// Watch `watch` closed, but may be opened again under the same key (a kcp shared watch
-    /// whose last subscriber left): a reopen it waited for is dropped, its count is kept, so
-    /// that one opened again by new demand and failing again soon still waits.
-    pub fn closed(&mut self, watch: &K) {
-        if let Some(record) = self.records.get_mut(watch)
-            && let Some((at, _)) = record.pending.take()
-        {
-            self.due.remove(&(at, watch.clone()));
+    /// Whether watch `watch`, to be opened now with `open`, must wait for a reopen still due:
+    /// a kcp shared watch that failed soon after a restart and closed (its last subscriber
+    /// left) keeps its record — its count, so that opened again by new demand and failing
+    /// again soon it still waits, and the reopen it waited for, so that opened again before
+    /// that is due it waits for it (else that reopen comes out of [`Restarts::take_due`] for a
+    /// watch no longer there, which the hub skips). Then `open` replaces what the reopen
+    /// opens.
+    pub fn waits(&mut self, watch: &K, open: T) -> bool {
+        match self.records.get_mut(watch) {
+            Some(Record {
+                pending: Some((_, pending)),
+                ..
+            }) => {
+                *pending = open;
+                true
+            }
+            _ => false,
         }
     }
 
@@ -254,18 +263,21 @@ mod tests {
     }
 
     #[test]
-    fn a_watch_closed_and_opened_again_keeps_its_count() {
+    fn a_watch_opened_again_while_its_reopen_waits_waits_for_it_and_keeps_its_count() {
         let t0 = Instant::now();
         let mut r = Restarts::<u64, &str>::default();
+        assert!(!r.waits(&1, "open"), "nothing to wait for");
         assert!(r.restart(1, "open", t0).is_some());
-        assert!(r.restart(1, "open", t0).is_none());
-        r.closed(&1);
-        assert_eq!(r.next_due(), None, "the waiting reopen is dropped");
+        assert!(r.restart(1, "old", t0).is_none());
+        // Closed, then opened again by new demand before the reopen is due.
+        assert!(r.waits(&1, "new"), "opened again: it waits for the reopen due");
+        assert_eq!(r.take_due(t0 + FIRST_WAIT), vec![(1, "new")]);
+        assert!(!r.waits(&1, "open"), "once reopened, nothing waits");
         assert!(
-            r.restart(1, "open", t0).is_none(),
+            r.restart(1, "open", t0 + FIRST_WAIT).is_none(),
             "the third restart still waits"
         );
-        assert_eq!(r.next_due(), Some(t0 + FIRST_WAIT * 2));
+        assert_eq!(r.next_due(), Some(t0 + FIRST_WAIT * 3));
     }
 
     #[test]

@@ -199,7 +199,7 @@ fn a_subscriber_joining_while_the_shared_reopen_waits_is_served_by_the_reopened_
 }
 
 #[test]
-fn a_shared_watch_left_and_subscribed_again_during_its_wait_opens_once_and_keeps_backing_off() {
+fn a_shared_watch_left_and_subscribed_again_during_its_wait_opens_once_when_due_and_keeps_backing_off() {
     let t0 = Instant::now();
     let (mut hub, key, served) = shared_configmaps(t0);
     for _ in 0..2 {
@@ -211,7 +211,8 @@ fn a_shared_watch_left_and_subscribed_again_during_its_wait_opens_once_and_keeps
         left.contains(&Effect::CloseShared { key: key.clone() }),
         "{left:?}"
     );
-    assert_eq!(hub.next_wakeup(), None, "the waiting reopen went with the watch");
+    let due = t0 + Duration::from_millis(100);
+    assert_eq!(hub.next_wakeup(), Some(due), "the waiting reopen stays");
     let mut again = Vec::new();
     hub.subscribe(3, ClusterName::new("c"), None, &served, t0, &mut again);
     let opens = |e: &[Effect]| {
@@ -219,10 +220,17 @@ fn a_shared_watch_left_and_subscribed_again_during_its_wait_opens_once_and_keeps
             .filter(|e| matches!(e, Effect::OpenShared { .. }))
             .count()
     };
-    assert_eq!(shared_opens(&again), 1, "new demand opens it at once: {again:?}");
+    assert_eq!(
+        shared_opens(&again),
+        0,
+        "new demand does not open it before its reopen is due: {again:?}"
+    );
     let mut later = Vec::new();
-    hub.tick(t0 + Duration::from_secs(1), &mut later);
-    assert_eq!(shared_opens(&later), 0, "and only once: {later:?}");
+    hub.tick(due, &mut later);
+    assert_eq!(shared_opens(&later), 1, "opened when due: {later:?}");
+    let mut after = Vec::new();
+    hub.tick(t0 + Duration::from_secs(1), &mut after);
+    assert_eq!(shared_opens(&after), 0, "and only once: {after:?}");
     // Failing again soon after its list, it waits (its third restart in close succession).
     let mut out = Vec::new();
     hub.on_event(&key, SharedEvent::Init, t0, &mut out);
