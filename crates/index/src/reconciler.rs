@@ -394,11 +394,9 @@ impl Reconciler {
             return None;
         }
         Some(
-            self.engine
-                .index
-                .demanded()
-                .filter(|(c, _)| c == cluster)
-                .map(|(_, r)| r.group.clone())
+            self.demanded_in(cluster)
+                .into_iter()
+                .map(|r| r.group)
                 .filter(|g| !g.is_empty())
                 .collect(),
         )
@@ -411,13 +409,7 @@ impl Reconciler {
     ///
     /// [`Resolver::guess`]: crate::resolver::Resolver::guess
     fn start_on_guesses(&mut self, cluster: &ClusterName, now: Now) {
-        let demanded: Vec<GroupResource> = self
-            .engine
-            .index
-            .demanded()
-            .filter(|(c, _)| c == cluster)
-            .map(|(_, r)| r.clone())
-            .collect();
+        let demanded = self.demanded_in(cluster);
         let guessed = self.engine.resolver.guess(cluster, &demanded);
         if !guessed.is_empty() {
             debug!(%cluster, resources = ?guessed, "watching on what other workspaces serve until the discovery answers");
@@ -425,6 +417,16 @@ impl Reconciler {
         for resource in &guessed {
             self.sync_watches(cluster, resource, now);
         }
+    }
+
+    /// The types the quotas of `cluster` name.
+    fn demanded_in(&self, cluster: &ClusterName) -> Vec<GroupResource> {
+        self.engine
+            .index
+            .demanded()
+            .filter(|(c, _)| c == cluster)
+            .map(|(_, r)| r.clone())
+            .collect()
     }
 
     /// When [`Reconciler::tick`] has something to do next (`None`: only an input can bring

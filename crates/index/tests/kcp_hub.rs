@@ -324,6 +324,18 @@ impl Shard {
         });
     }
 
+    /// A shard whose LogicalCluster and quota watches have listed, with clusters 0–2
+    /// engaged and written.
+    fn with_three_engaged() -> Self {
+        let mut shard = Self::new();
+        shard.feed(Input::LogicalCluster(ClusterEvent::RelistStarted));
+        shard.feed(Input::LogicalCluster(ClusterEvent::RelistDone));
+        shard.feed(Input::Quota(QuotaEvent::RelistStarted));
+        shard.feed(Input::Quota(QuotaEvent::RelistDone));
+        shard.engage(0..3);
+        shard
+    }
+
     /// Engages cluster `i` (LogicalCluster Ready, its quota) and ticks once.
     fn engage_one(&mut self, i: usize) {
         self.feed(Input::LogicalCluster(ClusterEvent::Applied {
@@ -497,12 +509,7 @@ fn versions_read(shard: &Shard, from: usize, c: &ClusterName) -> Vec<String> {
 #[test]
 fn a_workspace_first_list_runs_beside_its_discovery_on_what_the_others_serve_and_waits_for_it() {
     mutation::set(None);
-    let mut shard = Shard::new();
-    shard.feed(Input::LogicalCluster(ClusterEvent::RelistStarted));
-    shard.feed(Input::LogicalCluster(ClusterEvent::RelistDone));
-    shard.feed(Input::Quota(QuotaEvent::RelistStarted));
-    shard.feed(Input::Quota(QuotaEvent::RelistDone));
-    shard.engage(0..3);
+    let mut shard = Shard::with_three_engaged();
     assert_eq!(
         shard.used.len(),
         3,
@@ -581,12 +588,7 @@ fn a_workspace_first_list_runs_beside_its_discovery_on_what_the_others_serve_and
 #[test]
 fn a_guess_the_workspace_does_not_serve_tells_its_quota_nothing_and_its_discovery_stops_the_watch() {
     mutation::set(None);
-    let mut shard = Shard::new();
-    shard.feed(Input::LogicalCluster(ClusterEvent::RelistStarted));
-    shard.feed(Input::LogicalCluster(ClusterEvent::RelistDone));
-    shard.feed(Input::Quota(QuotaEvent::RelistStarted));
-    shard.feed(Input::Quota(QuotaEvent::RelistDone));
-    shard.engage(0..3);
+    let mut shard = Shard::with_three_engaged();
     shard.hold_discoveries = true;
     shard.engage_one(3);
     let (key, generation, c) = shard.lists.pop_front().expect("the share listed on the guess");

@@ -61,14 +61,7 @@ impl Reconciler {
         let changes = self.engine.discovered(cluster, discovered.served, &kept);
         if self.shard.is_some() {
             // The types its quotas name, for guesses in workspaces engaged later.
-            let named: Vec<GroupResource> = self
-                .engine
-                .index
-                .demanded()
-                .filter(|(c, _)| c == cluster)
-                .map(|(_, r)| r.clone())
-                .collect();
-            for resource in &named {
+            for resource in &self.demanded_in(cluster) {
                 self.engine.resolver.remember(cluster, resource);
             }
         }
