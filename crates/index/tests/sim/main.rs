@@ -56,7 +56,7 @@ const FLOORS: [(&str, f64); 25] = [
     ("share_list_error", 0.03),
     ("share_overflow", 0.01),
     ("burst", 0.1),
-    ("wrong_guess", 0.3),
+    ("wrong_guess", 0.01),
 ];
 
 fn failure(seed: u64, mutation: Option<Mutation>, report: &Report) -> String {
@@ -340,4 +340,3 @@ fn mutation_a_kept_key_charged_again_shows_in_the_overcounts() {
 fn mutation_restarts_without_backoff_are_caught() {
     expect_caught(Mutation::RestartsWithoutBackoff, "bounds");
 }
-

@@ -232,15 +232,43 @@ fn a_shared_watch_left_and_subscribed_again_during_its_wait_opens_once_when_due_
     hub.tick(t0 + Duration::from_secs(1), &mut after);
     assert_eq!(shared_opens(&after), 0, "and only once: {after:?}");
     // Failing again soon after its list, it waits (its third restart in close succession).
+    let now = t0 + Duration::from_secs(1);
     let mut out = Vec::new();
-    hub.on_event(&key, SharedEvent::Init, t0, &mut out);
-    hub.on_event(&key, SharedEvent::InitDone, t0, &mut out);
+    hub.on_event(&key, SharedEvent::Init, now, &mut out);
+    hub.on_event(&key, SharedEvent::InitDone, now, &mut out);
     hub.on_event(
         &key,
         SharedEvent::Failed("watch_start", "429".into()),
-        t0,
+        now,
         &mut out,
     );
     assert_eq!(opens(&out), 0, "{out:?}");
-    assert_eq!(hub.next_wakeup(), Some(t0 + Duration::from_millis(200)));
+    assert_eq!(hub.next_wakeup(), Some(now + Duration::from_millis(200)));
+}
+
+#[test]
+fn a_shared_watch_whose_reopen_fell_due_while_it_was_closed_opens_at_once_on_new_demand() {
+    let t0 = Instant::now();
+    let (mut hub, key, served) = shared_configmaps(t0);
+    for _ in 0..2 {
+        list_then_refuse(&mut hub, &key, t0);
+    }
+    let mut left = Vec::new();
+    assert!(hub.unsubscribe(1, &mut left));
+    let due = t0 + Duration::from_millis(100);
+    let mut at_due = Vec::new();
+    hub.tick(due, &mut at_due);
+    assert_eq!(shared_opens(&at_due), 0, "no watch to reopen: {at_due:?}");
+    assert_eq!(hub.next_wakeup(), None, "nothing waits any more");
+    let mut again = Vec::new();
+    hub.subscribe(3, ClusterName::new("c"), None, &served, due, &mut again);
+    assert_eq!(
+        shared_opens(&again),
+        1,
+        "its wait is over: new demand opens it at once: {again:?}"
+    );
+    // Failing again soon, it still backs off (its third restart in close succession).
+    let out = list_then_refuse(&mut hub, &key, due);
+    assert_eq!(shared_opens(&out), 0, "{out:?}");
+    assert_eq!(hub.next_wakeup(), Some(due + Duration::from_millis(200)));
 }

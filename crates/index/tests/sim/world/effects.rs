@@ -20,7 +20,7 @@ impl World {
             self.trace_line(|| format!("  → {}", describe_effect(&effect)));
             match effect {
                 Effect::OpenWatch { id, key, served } => {
-                    self.note_wrong_guess(key.cluster.as_str(), &served.version);
+                    self.note_wrong_guess(key.cluster.as_str(), &key.resource, &served.version);
                     let Some(res) = Res::of(&key.resource.resource) else {
                         self.violation(format!(
                             "laziness: a watch of {} nobody demands",
@@ -175,7 +175,7 @@ impl World {
                     namespace,
                     ..
                 } => {
-                    self.note_wrong_guess(cluster.as_str(), &key.version);
+                    self.note_wrong_guess(cluster.as_str(), &key.resource, &key.version);
                     self.list_share(key, generation, cluster, namespace);
                 }
             }
@@ -184,8 +184,11 @@ impl World {
 
     /// Counts a read of widgets in the cluster that serves them at `v2` made at another
     /// version: on a guess from the other clusters, before its discovery said otherwise.
-    fn note_wrong_guess(&mut self, cluster: &str, version: &str) {
-        if self.kcp.as_ref().and_then(|k| k.serves_v2.as_deref()) == Some(cluster) && version != "v2" {
+    fn note_wrong_guess(&mut self, cluster: &str, resource: &GroupResource, version: &str) {
+        if self.kcp.as_ref().and_then(|k| k.serves_v2.as_deref()) == Some(cluster)
+            && Res::of(&resource.resource) == Some(Res::Widgets)
+            && version != "v2"
+        {
             self.fired("wrong_guess");
         }
     }
