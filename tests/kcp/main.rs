@@ -111,6 +111,9 @@ async fn namespace(client: &Client, name: &str) {
     }
 }
 
+/// Creates `names`. A create that quota admission refuses with a conflict on a ResourceQuota
+/// (the quota's status changed under admission's charge more often than admission retries,
+/// e.g. while the controller writes it) is tried again, as a client would, at most 5 times.
 async fn create_objects(client: &Client, ty: &ExportedType, ns: &str, names: &[&str]) {
     let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ty.resource());
     for name in names {
@@ -119,9 +122,22 @@ async fn create_objects(client: &Client, ty: &ExportedType, ns: &str, names: &[&
             "metadata": {"name": name},
         }))
         .expect("object");
-        api.create(&PostParams::default(), &object)
-            .await
-            .unwrap_or_else(|e| panic!("create {} {name}: {e}", ty.plural));
+        for attempt in 1..=5 {
+            match api.create(&PostParams::default(), &object).await {
+                Ok(_) => break,
+                Err(kube::Error::Api(status))
+                    if status.code == 409
+                        && status
+                            .details
+                            .as_ref()
+                            .is_some_and(|d| d.kind == "resourcequotas")
+                        && attempt < 5 =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("create {} {name}: {e}", ty.plural),
+            }
+        }
     }
 }
 
