@@ -344,18 +344,17 @@ pub fn kubectl_apply(cp: &ControlPlane, yaml: &str) -> std::process::Output {
     child.wait_with_output().expect("kubectl finished")
 }
 
-/// Creates an empty ConfigMap `name` in the test namespace. A create that quota admission
-/// refuses with a conflict on a ResourceQuota (the quota's status changed under admission's
-/// charge more often than admission retries, e.g. while the controller writes it) is tried
-/// again, as a client would, at most 5 times.
-pub async fn create_configmap(ns: &lazyquota_testenv::TestNamespace, name: &str) {
-    use k8s_openapi::api::core::v1::ConfigMap;
-    let cm = ConfigMap {
-        metadata: meta(name),
-        ..ConfigMap::default()
-    };
+/// Runs `create` until it succeeds. A create that quota admission refuses with a conflict on
+/// a ResourceQuota (the quota's status changed under admission's charge more often than
+/// admission retries, e.g. while the controller writes it) is tried again, as a client would,
+/// at most 5 times, 200 ms apart; any other error panics naming `what`.
+pub async fn create_retrying_quota_conflicts<T, F, Fut>(what: &str, mut create: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = kube::Result<T>>,
+{
     for attempt in 1..=5 {
-        match ns.api::<ConfigMap>().create(&PostParams::default(), &cm).await {
+        match create().await {
             Ok(_) => return,
             Err(kube::Error::Api(status))
                 if status.code == 409
@@ -367,9 +366,22 @@ pub async fn create_configmap(ns: &lazyquota_testenv::TestNamespace, name: &str)
             {
                 tokio::time::sleep(std::time::Duration::from_millis(200)).await;
             }
-            Err(e) => panic!("create configmap {name}: {e}"),
+            Err(e) => panic!("create {what}: {e}"),
         }
     }
+}
+
+/// Creates an empty ConfigMap `name` in the test namespace, retrying quota admission's
+/// conflicts ([`create_retrying_quota_conflicts`]).
+pub async fn create_configmap(ns: &lazyquota_testenv::TestNamespace, name: &str) {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let cm = ConfigMap {
+        metadata: meta(name),
+        ..ConfigMap::default()
+    };
+    let api = ns.api::<ConfigMap>();
+    let params = PostParams::default();
+    create_retrying_quota_conflicts(&format!("configmap {name}"), || api.create(&params, &cm)).await;
 }
 
 fn meta(name: &str) -> ObjectMeta {

@@ -111,33 +111,21 @@ async fn namespace(client: &Client, name: &str) {
     }
 }
 
-/// Creates `names`. A create that quota admission refuses with a conflict on a ResourceQuota
-/// (the quota's status changed under admission's charge more often than admission retries,
-/// e.g. while the controller writes it) is tried again, as a client would, at most 5 times.
+/// Creates `names`, retrying quota admission's conflicts
+/// ([`common::create_retrying_quota_conflicts`]).
 async fn create_objects(client: &Client, ty: &ExportedType, ns: &str, names: &[&str]) {
     let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ty.resource());
+    let params = PostParams::default();
     for name in names {
         let object: DynamicObject = serde_json::from_value(serde_json::json!({
             "apiVersion": ty.api_version(), "kind": ty.kind,
             "metadata": {"name": name},
         }))
         .expect("object");
-        for attempt in 1..=5 {
-            match api.create(&PostParams::default(), &object).await {
-                Ok(_) => break,
-                Err(kube::Error::Api(status))
-                    if status.code == 409
-                        && status
-                            .details
-                            .as_ref()
-                            .is_some_and(|d| d.kind == "resourcequotas")
-                        && attempt < 5 =>
-                {
-                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                }
-                Err(e) => panic!("create {} {name}: {e}", ty.plural),
-            }
-        }
+        common::create_retrying_quota_conflicts(&format!("{} {name}", ty.plural), || {
+            api.create(&params, &object)
+        })
+        .await;
     }
 }
 
