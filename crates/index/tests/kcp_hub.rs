@@ -344,8 +344,8 @@ impl Shard {
         shard
     }
 
-    /// Engages cluster `i` (LogicalCluster Ready, its quota) and ticks once.
-    fn engage_one(&mut self, i: usize) {
+    /// Cluster `i`'s LogicalCluster turns Ready and its quota is created.
+    fn add(&mut self, i: usize) {
         self.feed(Input::LogicalCluster(ClusterEvent::Applied {
             cluster: Some(cluster(i)),
             phase: "Ready".into(),
@@ -353,6 +353,11 @@ impl Shard {
         }));
         self.rv += 1;
         self.feed(Input::Quota(QuotaEvent::Applied(quota(i, self.rv, None))));
+    }
+
+    /// Engages cluster `i` ([`Shard::add`]) and ticks once.
+    fn engage_one(&mut self, i: usize) {
+        self.add(i);
         self.tick(0);
     }
 
@@ -375,13 +380,7 @@ impl Shard {
     /// Engages clusters `range` (LogicalClusters Ready, a quota each) and runs until quiet.
     fn engage(&mut self, range: std::ops::Range<usize>) {
         for i in range {
-            self.feed(Input::LogicalCluster(ClusterEvent::Applied {
-                cluster: Some(cluster(i)),
-                phase: "Ready".into(),
-                path: Some(format!("root:c{i:03}")),
-            }));
-            self.rv += 1;
-            self.feed(Input::Quota(QuotaEvent::Applied(quota(i, self.rv, None))));
+            self.add(i);
         }
         for _ in 0..200 {
             self.tick(100);

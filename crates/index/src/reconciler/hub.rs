@@ -527,13 +527,7 @@ mod tests {
     use super::*;
 
     fn widgets() -> ServedResource {
-        ServedResource {
-            resource: GroupResource::new("example.io", "widgets"),
-            version: "v1".into(),
-            kind: "Widget".into(),
-            namespaced: true,
-            verbs: ["create", "delete", "list", "watch"].map(String::from).to_vec(),
-        }
+        ServedResource::core_for_tests("widgets")
     }
 
     fn list_generations(effects: &[Effect]) -> Vec<u64> {

@@ -131,6 +131,18 @@ fn list_then_refuse(hub: &mut Hub, key: &SharedKey, at: Instant) -> Vec<Effect> 
     effects
 }
 
+/// The shared ConfigMap watch, refused twice after its list (its reopen waiting), then left
+/// by its only subscriber; the effects of the leaving.
+fn refused_twice_then_left(t0: Instant) -> (Hub, SharedKey, crate::resolver::ServedResource, Vec<Effect>) {
+    let (mut hub, key, served) = shared_configmaps(t0);
+    for _ in 0..2 {
+        list_then_refuse(&mut hub, &key, t0);
+    }
+    let mut left = Vec::new();
+    assert!(hub.unsubscribe(1, &mut left));
+    (hub, key, served, left)
+}
+
 fn shared_opens(effects: &[Effect]) -> usize {
     effects
         .iter()
@@ -201,12 +213,7 @@ fn a_subscriber_joining_while_the_shared_reopen_waits_is_served_by_the_reopened_
 #[test]
 fn a_shared_watch_left_and_subscribed_again_during_its_wait_opens_once_when_due_and_keeps_backing_off() {
     let t0 = Instant::now();
-    let (mut hub, key, served) = shared_configmaps(t0);
-    for _ in 0..2 {
-        list_then_refuse(&mut hub, &key, t0);
-    }
-    let mut left = Vec::new();
-    assert!(hub.unsubscribe(1, &mut left));
+    let (mut hub, key, served, left) = refused_twice_then_left(t0);
     assert!(
         left.contains(&Effect::CloseShared { key: key.clone() }),
         "{left:?}"
@@ -249,12 +256,7 @@ fn a_shared_watch_left_and_subscribed_again_during_its_wait_opens_once_when_due_
 #[test]
 fn a_shared_watch_whose_reopen_fell_due_while_it_was_closed_opens_at_once_on_new_demand() {
     let t0 = Instant::now();
-    let (mut hub, key, served) = shared_configmaps(t0);
-    for _ in 0..2 {
-        list_then_refuse(&mut hub, &key, t0);
-    }
-    let mut left = Vec::new();
-    assert!(hub.unsubscribe(1, &mut left));
+    let (mut hub, key, served, _) = refused_twice_then_left(t0);
     let due = t0 + Duration::from_millis(100);
     let mut at_due = Vec::new();
     hub.tick(due, &mut at_due);
