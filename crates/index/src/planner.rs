@@ -297,13 +297,7 @@ pub fn considered(
     cluster: &ClusterName,
 ) -> BTreeSet<GroupResource> {
     let mut resources = eager_resources(engine, settings, cluster);
-    resources.extend(
-        engine
-            .index
-            .demanded()
-            .filter(|(c, _)| c == cluster)
-            .map(|(_, r)| r.clone()),
-    );
+    resources.extend(engine.index.demanded_in(cluster).cloned());
     resources
 }
 

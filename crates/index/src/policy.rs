@@ -410,6 +410,21 @@ impl<T> PolicyIndex<T> {
         self.demand.keys()
     }
 
+    /// The resources demanded in `cluster`, in order: a range of the demand map (the empty
+    /// group and resource sort first), so a cluster's discovery or plan costs its own
+    /// demands, not every cluster's.
+    pub fn demanded_in<'a>(
+        &'a self,
+        cluster: &'a ClusterName,
+    ) -> impl Iterator<Item = &'a GroupResource> + 'a {
+        let first = (cluster.clone(), GroupResource::new("", ""));
+        self.demand
+            .range(first..)
+            .map(|((c, resource), _)| (c, resource))
+            .take_while(move |(c, _)| *c == cluster)
+            .map(|(_, resource)| resource)
+    }
+
     /// The need for (cluster, resource, namespace), if demanded.
     pub fn need(&self, cluster: &ClusterName, resource: &GroupResource, namespace: &str) -> Option<Need> {
         self.demand

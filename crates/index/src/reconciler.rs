@@ -421,12 +421,7 @@ impl Reconciler {
 
     /// The types the quotas of `cluster` name.
     fn demanded_in(&self, cluster: &ClusterName) -> Vec<GroupResource> {
-        self.engine
-            .index
-            .demanded()
-            .filter(|(c, _)| c == cluster)
-            .map(|(_, r)| r.clone())
-            .collect()
+        self.engine.index.demanded_in(cluster).cloned().collect()
     }
 
     /// When [`Reconciler::tick`] has something to do next (`None`: only an input can bring

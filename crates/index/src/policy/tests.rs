@@ -96,6 +96,34 @@ fn demand_is_reference_counted_across_quotas() {
     assert!(index.demanded().next().is_none());
 }
 
+/// A cluster's demanded resources are its own, whatever the names around it sort to (a
+/// cluster whose name another one's begins with, the core group sorting first).
+#[test]
+fn demanded_in_names_one_clusters_resources_only() {
+    let mut index = PolicyIndex::new(FeatureGates::default());
+    for (cluster, keys) in [
+        ("a", &["count/configmaps", "count/widgets.example.io"][..]),
+        ("ab", &["pods"][..]),
+        ("", &["count/secrets"][..]),
+        ("b", &["count/configmaps"][..]),
+    ] {
+        let c = ClusterName::new(cluster);
+        index.apply(QuotaKey::new(&c, "ns", "q"), &policy(keys, &[]), ());
+    }
+    let of = |cluster: &str| {
+        index
+            .demanded_in(&ClusterName::new(cluster))
+            .map(GroupResource::object_count_name)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(of("a"), ["count/configmaps", "count/widgets.example.io"]);
+    assert_eq!(of("ab"), ["count/pods"]);
+    assert_eq!(of(""), ["count/secrets"]);
+    assert_eq!(of("b"), ["count/configmaps"]);
+    assert!(of("c").is_empty());
+    assert!(of("aa").is_empty(), "between a and ab");
+}
+
 #[test]
 fn count_and_typed_needs_upgrade_and_downgrade() {
     let mut index = PolicyIndex::new(FeatureGates::default());

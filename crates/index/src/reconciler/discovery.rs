@@ -114,9 +114,9 @@ impl Reconciler {
             return;
         };
         let mut now_unavailable = BTreeSet::new();
-        for (c, resource) in self.engine.index.demanded() {
-            if c == cluster && member.unavailable_groups.contains(&resource.group) {
-                for quota in self.engine.index.computing(c, resource) {
+        for resource in self.engine.index.demanded_in(cluster) {
+            if member.unavailable_groups.contains(&resource.group) {
+                for quota in self.engine.index.computing(cluster, resource) {
                     now_unavailable.insert((quota, resource.clone()));
                 }
             }
