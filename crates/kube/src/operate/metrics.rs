@@ -287,7 +287,7 @@ impl Metrics {
             kcp_shared: gauge(
                 &r,
                 "lazyquota_kcp_shared_watches",
-                "kcp: shared wildcard watches running (one per type that enough logical clusters watch).",
+                "kcp: shared wildcard watches held (one per type and version that enough logical clusters watch), open or waiting to reopen after a failure.",
             ),
             kcp_share_overflows: counter(
                 &r,
