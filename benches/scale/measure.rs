@@ -96,6 +96,30 @@ pub(crate) async fn measure(
         }
     }
 
+    // A second quota on a type already watched and quiet (the namespace's `compute` quota
+    // keeps its pods), with a key computed from the pods' specs, not a count of them.
+    for j in 0..args.new_quota_samples {
+        let ns = &data.namespaces[j % data.namespaces.len()];
+        let api: Api<ResourceQuota> = Api::namespaced(client.clone(), ns);
+        let name = format!("typed-{j}");
+        let want = vec![("requests.cpu".to_owned(), format!("{}m", 10 * data.pods_per_ns))];
+        let t = Instant::now();
+        api.create(
+            &PostParams::default(),
+            &quota_object(&name, &[("requests.cpu".into(), "1000".into())]),
+        )
+        .await
+        .expect("typed quota");
+        while !quota_matches(&api, &name, &want).await {
+            assert!(t.elapsed() < Duration::from_mins(2), "typed quota never computed");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        sample.typed_quota.push(t.elapsed());
+        api.delete(&name, &DeleteParams::default())
+            .await
+            .expect("delete typed quota");
+    }
+
     // Object deleted → status.used lowered.
     let mut deleted = Vec::new();
     for i in 0..args.deletes.min(data.pods_per_ns * data.namespaces.len()) {

@@ -215,6 +215,8 @@ pub(crate) struct Sample {
     pub(crate) apiserver_watches: f64,
     pub(crate) first_sync: Duration,
     pub(crate) new_quota: Vec<Duration>,
+    /// A `requests.cpu` quota beside the namespace's `compute` quota (pods watched, quiet).
+    pub(crate) typed_quota: Vec<Duration>,
     pub(crate) delete: Vec<Duration>,
 }
 

@@ -29,9 +29,9 @@ pub(crate) fn write_results(args: &Args, results: &Results) {
     );
     let _ = writeln!(
         md,
-        "| N | controller | tasks | heap MiB | RSS MiB | anon RSS MiB | watch conns (ss) | apiserver watches | first sync ms | new quota p50/p99 ms | delete p50/p99 ms |"
+        "| N | controller | tasks | heap MiB | RSS MiB | anon RSS MiB | watch conns (ss) | apiserver watches | first sync ms | new quota p50/p99 ms | second quota on watched pods, requests.cpu, p50/p99 ms | delete p50/p99 ms |"
     );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mib = |b: f64| b / 1_048_576.0;
     for &n in &args.crds {
         for c in controllers {
@@ -40,7 +40,7 @@ pub(crate) fn write_results(args: &Args, results: &Results) {
             };
             let _ = writeln!(
                 md,
-                "| {n} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {} | {}/{} | {}/{} |",
+                "| {n} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {} | {}/{} | {}/{} | {}/{} |",
                 c.name(),
                 s.tasks,
                 mib(s.heap_bytes),
@@ -51,6 +51,8 @@ pub(crate) fn write_results(args: &Args, results: &Results) {
                 s.first_sync.as_millis(),
                 ms(percentile(&s.new_quota, 50.0)),
                 ms(percentile(&s.new_quota, 99.0)),
+                ms(percentile(&s.typed_quota, 50.0)),
+                ms(percentile(&s.typed_quota, 99.0)),
                 ms(percentile(&s.delete, 50.0)),
                 ms(percentile(&s.delete, 99.0)),
             );
