@@ -420,9 +420,8 @@ impl<T> PolicyIndex<T> {
         let first = (cluster.clone(), GroupResource::new("", ""));
         self.demand
             .range(first..)
-            .map(|((c, resource), _)| (c, resource))
-            .take_while(move |(c, _)| *c == cluster)
-            .map(|(_, resource)| resource)
+            .take_while(move |((c, _), _)| c == cluster)
+            .map(|((_, resource), _)| resource)
     }
 
     /// The need for (cluster, resource, namespace), if demanded.

@@ -394,10 +394,11 @@ impl Reconciler {
             return None;
         }
         Some(
-            self.demanded_in(cluster)
-                .into_iter()
-                .map(|r| r.group)
-                .filter(|g| !g.is_empty())
+            self.engine
+                .index
+                .demanded_in(cluster)
+                .filter(|r| !r.group.is_empty())
+                .map(|r| r.group.clone())
                 .collect(),
         )
     }

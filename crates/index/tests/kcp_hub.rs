@@ -332,14 +332,19 @@ impl Shard {
         });
     }
 
-    /// A shard whose LogicalCluster and quota watches have listed, with clusters 0–2
-    /// engaged and written.
-    fn with_three_engaged() -> Self {
+    /// A shard whose LogicalCluster and quota watches have listed (nothing in either).
+    fn listed() -> Self {
         let mut shard = Self::new();
         shard.feed(Input::LogicalCluster(ClusterEvent::RelistStarted));
         shard.feed(Input::LogicalCluster(ClusterEvent::RelistDone));
         shard.feed(Input::Quota(QuotaEvent::RelistStarted));
         shard.feed(Input::Quota(QuotaEvent::RelistDone));
+        shard
+    }
+
+    /// A [`Shard::listed`] shard with clusters 0–2 engaged and written.
+    fn with_three_engaged() -> Self {
+        let mut shard = Self::listed();
         shard.engage(0..3);
         shard
     }
@@ -392,11 +397,7 @@ impl Shard {
 /// list), the rest after (each joins with a list of its share); the lists are held back so
 /// the Reconciler's bound shows. Returns what went wrong.
 fn run() -> Result<Shard, String> {
-    let mut shard = Shard::new();
-    shard.feed(Input::LogicalCluster(ClusterEvent::RelistStarted));
-    shard.feed(Input::LogicalCluster(ClusterEvent::RelistDone));
-    shard.feed(Input::Quota(QuotaEvent::RelistStarted));
-    shard.feed(Input::Quota(QuotaEvent::RelistDone));
+    let mut shard = Shard::listed();
     shard.engage(0..2);
     if shard.shared.is_none() {
         return Err("two clusters counting widgets did not open a shared watch".into());
