@@ -225,6 +225,10 @@ pub(crate) struct RunArgs {
     /// Safety-net discovery poll; CRD and APIService changes trigger discovery at once.
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
     pub(crate) discovery_poll: Duration,
+    /// kube-apiserver's --request-timeout: a quota charge of admission's that no stored object
+    /// pays for is kept this long (its create failed after admission, or outlived its request).
+    #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = parse_duration)]
+    pub(crate) apiserver_request_timeout: Duration,
     /// Streaming lists (sendInitialEvents): off (paginated, consistent lists), probe the server
     /// once (auto), or force (on). Off by default: kube-runtime streams at resourceVersion 0,
     /// which a failing apiserver watch cache can answer with a stale empty list.

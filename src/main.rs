@@ -109,6 +109,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         concurrency,
         shadow,
         discovery_poll,
+        apiserver_request_timeout,
         streaming_lists,
         transport,
         http2_streams_per_connection,
@@ -160,6 +161,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         shadow,
         namespace_watch_threshold: watch.namespace_watch_threshold,
         discovery_poll,
+        charge_bound: apiserver_request_timeout,
         streaming_lists: match streaming_lists {
             StreamingLists::Auto => None,
             StreamingLists::On => Some(true),

@@ -297,14 +297,14 @@ async fn a_namespace_deleted_with_quotas_releases_its_watches() {
     kept.delete().await.expect("delete namespace");
 }
 
-/// A second quota on a type already watched, created while that watch is quiet: a count of
-/// the type's objects (more than one page of them, so the server's `remainingItemCount` is
-/// read) vouches for its new key, which is written at the count without waiting out the
-/// settling time.
+/// A second quota on a type already watched, created while that watch is quiet and its
+/// neighbour's charges are fresh: a consistent list of the type's objects, compared with the
+/// store, proves the watch has caught up with the new quota, and its key is written at once
+/// from the store instead of after the settling time.
 #[tokio::test]
-async fn a_second_quota_on_a_quiet_watch_is_vouched_for_by_a_count() {
+async fn a_second_quota_on_a_quiet_watch_is_written_once_a_list_proves_the_store() {
     let _snapshots = controller(Flavor::LazyquotaOnly, test_config());
-    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "counted")
+    let ns = TestNamespace::create(Flavor::LazyquotaOnly, "proved")
         .await
         .expect("namespace");
     let client = ns.client();
@@ -320,7 +320,6 @@ async fn a_second_quota_on_a_quiet_watch_is_vouched_for_by_a_count() {
     used_becomes(&quotas, "first", &key, "0")
         .await
         .expect("first quota written");
-    // More objects than one page of the count (50): the server says how many remain.
     for i in 0..55 {
         create_object(&client, &widgets, ns.name(), &format!("w{i}"))
             .await
@@ -329,17 +328,13 @@ async fn a_second_quota_on_a_quiet_watch_is_vouched_for_by_a_count() {
     used_becomes(&quotas, "first", &key, "55")
         .await
         .expect("55 counted");
-    // Quiet: admission charged "first" for each object, and a charge younger than the
-    // settling time holds a neighbour's new key back whatever a count says (the object
-    // charged may still be on its way to the watch). Wait those charges out.
-    tokio::time::sleep(Duration::from_millis(2 * lazyquota_index::lowering::SETTLE_MS)).await;
-    let counts = |result: &str| {
+    let lists = |result: &str| {
         common::controller_counter_with(
-            "lazyquota_object_counts_total",
+            "lazyquota_catch_up_lists_total",
             &[("resource", &label), ("result", result)],
         )
     };
-    assert!(counts("vouched") < 1.0, "no new key yet");
+    assert!(lists("matched") < 1.0, "no new key yet");
     quotas
         .create(&PostParams::default(), &quota("second", &[(&key, "100")]))
         .await
@@ -347,10 +342,10 @@ async fn a_second_quota_on_a_quiet_watch_is_vouched_for_by_a_count() {
     used_becomes(&quotas, "second", &key, "55")
         .await
         .expect("the second quota counts what exists");
-    assert!(counts("failed") < 1.0, "the count failed on a real apiserver");
+    assert!(lists("failed") < 1.0, "the list failed on a real apiserver");
     assert!(
-        counts("vouched") >= 1.0,
-        "the new key was written on a count, not after the settling time"
+        lists("matched") >= 1.0,
+        "the new key was written on a list that matched the store, not after the settling time"
     );
     delete_crd(&client, &group, "widgets").await;
     ns.delete().await.expect("delete namespace");

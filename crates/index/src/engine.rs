@@ -25,6 +25,7 @@ use crate::{
     store::{Change, HeapSize, PartitionKey, UsageStore},
 };
 
+mod arrivals;
 mod compute;
 mod quotas;
 
@@ -357,59 +358,107 @@ impl Engine {
         None
     }
 
-    /// An added or modified object; says whether the namespace's quotas must be recomputed:
-    /// on updates, when upstream's update filter says so; on **adds**, always — unlike
-    /// upstream. The admission plugin charges a create before the object exists, so a
-    /// recalculation from a cache that has not seen the object yet writes a lower value under
-    /// a current resourceVersion (no conflict), and upstream keeps that undercount until its
-    /// next full resync. kcp works around the same drift by turning adds into updates.
-    /// Recomputing on adds costs one computation, coalesced by the work queue, and writes
-    /// nothing when the values already agree.
+    /// An added or modified object, stored at `revision` (`None`: not a number, and then it
+    /// pays no charge); says whether the namespace's quotas
+    /// must be recomputed: on updates, when upstream's update filter says so; on **adds**,
+    /// always — unlike upstream. The admission plugin charges a create before the object
+    /// exists, so a recalculation from a cache that has not seen the object yet writes a lower
+    /// value under a current resourceVersion (no conflict), and upstream keeps that undercount
+    /// until its next full resync. kcp works around the same drift by turning adds into
+    /// updates. Recomputing on adds costs one computation, coalesced by the work queue, and
+    /// writes nothing when the values already agree. What the object adds to the quotas of
+    /// its partition pays their charges ([`crate::charges`]); a paid charge recomputes them
+    /// too.
     pub fn apply(
         &mut self,
         kind: StoreKind,
         p: &PartitionKey,
         id: u64,
         object: Projected,
+        revision: Option<u64>,
         now: Time,
     ) -> Applied {
         if !self.holds(kind, p) {
             return Applied::NotHeld;
         }
         let gates = self.gates;
-        let replenish = match (kind, object) {
+        let counted = |added: bool| {
+            move |e: &lazyquota_quota::Evaluator, keys: &[String], scopes: &lazyquota_quota::QuotaScopes| {
+                if added {
+                    arrivals::one_more(e, keys, scopes, gates)
+                } else {
+                    Vec::new()
+                }
+            }
+        };
+        let (replenish, paid) = match (kind, object) {
             // Metadata-only updates never change a count (upstream's filter is false for them).
-            (StoreKind::Counts, _) => matches!(self.counts.apply(p, id, ()), Change::Added),
-            (StoreKind::Pods, Projected::Pod(new)) => match self.pods.apply(p, id, new.clone()) {
-                Change::Updated(old) => pod_update_triggers(&old, &new, now, gates),
-                _ => true,
-            },
-            (StoreKind::Services, Projected::Service(new)) => match self.services.apply(p, id, new) {
-                Change::Updated(old) => service_update_triggers(&old, &new),
-                _ => true,
-            },
-            (StoreKind::Pvcs, Projected::Pvc(new)) => match self.pvcs.apply(p, id, new.clone()) {
-                Change::Updated(old) => pvc_update_triggers(&old, &new),
-                _ => true,
-            },
+            (StoreKind::Counts, _) => {
+                let added = matches!(self.counts.apply(p, id, ()), Change::Added);
+                (added, added && self.account_arrival(p, revision, &counted(true)))
+            }
+            (StoreKind::Pods, Projected::Pod(new)) => {
+                let change = self.pods.apply(p, id, new.clone());
+                let old = match &change {
+                    Change::Updated(old) => Some(old),
+                    _ => None,
+                };
+                let grew = |_: &lazyquota_quota::Evaluator,
+                            keys: &[String],
+                            scopes: &lazyquota_quota::QuotaScopes| {
+                    arrivals::growth(old, &new, keys, scopes, now, gates)
+                };
+                let replenish = old.is_none_or(|old| pod_update_triggers(old, &new, now, gates));
+                (replenish, self.account_arrival(p, revision, &grew))
+            }
+            (StoreKind::Services, Projected::Service(new)) => {
+                let change = self.services.apply(p, id, new);
+                let old = match &change {
+                    Change::Updated(old) => Some(old),
+                    _ => None,
+                };
+                let grew = |_: &lazyquota_quota::Evaluator,
+                            keys: &[String],
+                            scopes: &lazyquota_quota::QuotaScopes| {
+                    arrivals::growth(old, &new, keys, scopes, now, gates)
+                };
+                let replenish = old.is_none_or(|old| service_update_triggers(old, &new));
+                (replenish, self.account_arrival(p, revision, &grew))
+            }
+            (StoreKind::Pvcs, Projected::Pvc(new)) => {
+                let change = self.pvcs.apply(p, id, new.clone());
+                let old = match &change {
+                    Change::Updated(old) => Some(old),
+                    _ => None,
+                };
+                let grew = |_: &lazyquota_quota::Evaluator,
+                            keys: &[String],
+                            scopes: &lazyquota_quota::QuotaScopes| {
+                    arrivals::growth(old, &new, keys, scopes, now, gates)
+                };
+                let replenish = old.is_none_or(|old| pvc_update_triggers(old, &new));
+                (replenish, self.account_arrival(p, revision, &grew))
+            }
             // Upstream's update filter never replenishes on a claim update (its spec is
-            // immutable).
+            // immutable). A claim pays only its count: its other keys join it with its pod.
             (StoreKind::Claims, Projected::Claim(new)) => {
-                !matches!(self.claims.apply(p, id, new), Change::Updated(_))
+                let added = !matches!(self.claims.apply(p, id, new), Change::Updated(_));
+                (added, added && self.account_arrival(p, revision, &counted(true)))
             }
             // Not a quota monitor upstream (its mapping is read at the next sync); here a
             // changed mapping recomputes the quotas that read it.
             (StoreKind::DeviceClasses, Projected::DeviceClass(new)) => {
-                match self.device_classes.apply(p, id, new.clone()) {
+                let replenish = match self.device_classes.apply(p, id, new.clone()) {
                     Change::Updated(old) => old != new,
                     _ => true,
-                }
+                };
+                (replenish, false)
             }
             (kind, object) => {
                 return Applied::Malformed(format!("{object:?} does not belong in the {kind:?} store"));
             }
         };
-        if replenish {
+        if replenish || paid {
             Applied::Replenish
         } else {
             Applied::Stored

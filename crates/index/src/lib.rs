@@ -21,6 +21,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod charges;
 pub mod demand;
 pub mod discoveries;
 pub mod engine;

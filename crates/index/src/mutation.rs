@@ -18,9 +18,9 @@ pub enum Mutation {
     /// Found by the simulator: a key written lower, or for the first time, while the
     /// watches it is computed from had not caught up with the quota's last change.
     NoCatchUp,
-    /// A count of a new key's objects vouches for it whatever the list's resourceVersion,
+    /// A list proves the store caught up with a quota whatever the list's resourceVersion,
     /// though the quota moved past it (objects stored meanwhile are not in it).
-    StaleCount,
+    StaleProof,
     /// 6: the old write policy — a write's response replaces the view held even when newer
     /// events came meanwhile, a quota event older than the view held replaces it, and a
     /// conflict waits (with backoff) for the quota watch instead of reading the quota afresh.
@@ -45,6 +45,20 @@ pub enum Mutation {
     /// A watch failing after its sync is reopened at once every time, so one whose list
     /// succeeds but whose watch cannot start lists again and again without backoff.
     RestartsWithoutBackoff,
+    /// A list compared with the store by its number of objects alone, not their
+    /// resourceVersions: a delete and a create the watch has not delivered cancel out.
+    ProofIgnoresVersions,
+    /// The old rule: a charge is released [`crate::lowering::SETTLE_MS`] after it was seen,
+    /// whether or not its objects have arrived.
+    ChargeReleasedByTime,
+    /// A quota lazyquota sees for the first time (at its start, or come back in a relist)
+    /// carries nothing of its stored `status.used`, so a write admission charged before
+    /// lazyquota watched it and stored late is not waited for.
+    LateObjectNotCounted,
+    /// The old rule: once the settling time is over, a key is lowered without waiting for its
+    /// watches, so an object stored before the quota's version that a watch has not delivered
+    /// yet (admitted uncharged, or moved into its scope) is taken off.
+    CatchUpOnlyWhileSettling,
 }
 
 #[cfg(feature = "mutations")]

@@ -197,14 +197,7 @@ impl<T> PolicyIndex<T> {
             }
         }
         let demands = Demands::from(demands);
-        let mut status_resources: Vec<GroupResource> = policy
-            .status_hard
-            .iter()
-            .flat_map(|k| replenished_by(k, self.gates))
-            .collect();
-        status_resources.sort_unstable();
-        status_resources.dedup();
-        status_resources.shrink_to_fit();
+        let status_resources = self.status_resources(&policy.status_hard);
         let namespace: Arc<str> = if policy.cluster_scoped {
             Arc::from(ALL_NAMESPACES)
         } else {
@@ -251,6 +244,27 @@ impl<T> PolicyIndex<T> {
             },
         );
         changes
+    }
+
+    /// The resources whose changes replenish a quota with these `status.hard` keys.
+    fn status_resources(&self, status_hard: &[String]) -> Vec<GroupResource> {
+        let mut status_resources: Vec<GroupResource> = status_hard
+            .iter()
+            .flat_map(|k| replenished_by(k, self.gates))
+            .collect();
+        status_resources.sort_unstable();
+        status_resources.dedup();
+        status_resources.shrink_to_fit();
+        status_resources
+    }
+
+    /// A quota's `status.hard` keys are now `status_hard` (its own write's answer, recorded
+    /// before its event): replenishment routes on them from now on.
+    pub fn set_status_hard(&mut self, key: &QuotaKey, status_hard: &[String]) {
+        let status_resources = self.status_resources(status_hard);
+        if let Some(entry) = self.quotas.get_mut(key) {
+            entry.status_resources = status_resources;
+        }
     }
 
     /// Removes a quota; returns the demand changes.

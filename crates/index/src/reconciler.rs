@@ -22,10 +22,10 @@
 //! timestamps (a pod's deletion grace).
 
 mod books;
-mod counts;
 mod discovery;
 mod hub;
 mod messages;
+mod proofs;
 mod quotas;
 mod restarts;
 mod status;
@@ -42,10 +42,10 @@ use lazyquota_quota::FeatureGates;
 use tracing::{debug, info, warn};
 
 pub use books::Books;
-pub use counts::{Counted, Counts};
 pub use discovery::Discovered;
 pub use hub::{Hub, MAX_JOINS, MAX_PENDING, Share, SharedEvent, SharedKey, SharedObject};
 pub use messages::{Effect, Input, Metric, Now};
+pub use proofs::{Listed, Proof, Proofs};
 pub use quotas::{ClusterEvent, QuotaEvent};
 use restarts::Restarts;
 pub use status::{Failure, StatusWrite};
@@ -115,6 +115,9 @@ pub struct Settings {
     pub shared_buffer: usize,
     /// The one cluster's workspace path, named in Events.
     pub workspace: Option<String>,
+    /// How long a charge of admission's that no object pays for is kept: kube-apiserver's
+    /// `--request-timeout`, past which a create's request has ended ([`crate::charges`]).
+    pub charge_bound: Duration,
 }
 
 impl Default for Settings {
@@ -133,6 +136,7 @@ impl Default for Settings {
             shared_threshold: 0,
             shared_buffer: MAX_PENDING,
             workspace: None,
+            charge_bound: Duration::from_millis(crate::charges::DEFAULT_BOUND_MS),
         }
     }
 }
@@ -201,8 +205,8 @@ pub struct Reconciler {
     quota_relist: Option<Vec<ResourceQuota>>,
     quotas_synced: bool,
     books: Books,
-    /// Counts asked for new keys of settling quotas whose watches are quiet.
-    counts: Counts,
+    /// Lists asked to prove that quiet watches have caught up with quotas.
+    proofs: Proofs,
     /// The origin of the milliseconds given to the lowering rule.
     epoch: Instant,
     next_resync: Option<Instant>,
@@ -238,7 +242,7 @@ impl Reconciler {
             quota_relist: None,
             quotas_synced: false,
             books: Books::default(),
-            counts: Counts::default(),
+            proofs: Proofs::default(),
             epoch: now,
             next_resync: (!settings.resync_period.is_zero()).then(|| now + settings.resync_period),
             effects: Vec::new(),
@@ -297,25 +301,25 @@ impl Reconciler {
                 result,
             } => self.on_write(&key, precondition.as_deref(), result, now),
             Input::Read { key, result } => self.on_read(&key, result, now),
-            Input::Counted {
+            Input::Listed {
                 key,
                 resource,
                 namespace,
                 result,
             } => {
                 let answer = match &result {
-                    Ok(_) => "answered",
+                    Ok(listed) => self.proof_answered(&key, &resource, listed),
                     Err(error) => {
-                        warn!(quota = %key, %resource, %error, "counting a new key's objects failed: the key waits out the settling time");
+                        warn!(quota = %key, %resource, %error, "listing to prove a watch caught up with a quota failed: its keys wait for the watch, or the settling time");
                         "failed"
                     }
                 };
-                self.effects.push(Effect::Metric(Metric::ObjectCount {
+                self.effects.push(Effect::Metric(Metric::CatchUpList {
                     resource: crate::planner::resource_label(&resource),
                     result: answer,
                 }));
                 if self
-                    .counts
+                    .proofs
                     .answered(&key, &resource, namespace.as_deref(), result.ok())
                 {
                     self.queue.add(key, now.instant);
@@ -350,6 +354,28 @@ impl Reconciler {
         self.watches
             .on_item(&mut self.engine, id, item, now.time, &mut out);
         self.carry_out(out, now);
+        // A quota whose list at its version differed from the store is compared again as the
+        // watch delivers.
+        if !self.proofs.is_empty()
+            && let Some(key) = self.watches.key_of(id)
+        {
+            let resource = key.resource.clone();
+            for quota in self.proofs.listing(&key.cluster, &resource) {
+                let Some(entry) = self.engine.index.get(&quota) else {
+                    continue;
+                };
+                let namespace = (&**entry.demand_namespace() != crate::keys::ALL_NAMESPACES)
+                    .then(|| entry.demand_namespace().to_string());
+                let at_version = matches!(
+                    self.proofs
+                        .proof(&quota, &resource, entry.payload.view.0, namespace.as_deref()),
+                    Proof::Listed(_)
+                );
+                if at_version {
+                    self.queue.add(quota, now.instant);
+                }
+            }
+        }
     }
 
     /// Does what is due at `now`: discoveries, the periodic resync, quota syncs (within the
@@ -519,6 +545,14 @@ impl Reconciler {
     /// Milliseconds since the reconciler started: the lowering rule's time.
     fn ms(&self, now: Instant) -> u64 {
         u64::try_from(now.saturating_duration_since(self.epoch).as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The create bound in milliseconds ([`Settings::charge_bound`]).
+    fn bound_ms(&self) -> u64 {
+        if crate::mutation::active(crate::mutation::Mutation::ChargeReleasedByTime) {
+            return crate::lowering::SETTLE_MS;
+        }
+        u64::try_from(self.settings.charge_bound.as_millis()).unwrap_or(u64::MAX)
     }
 
     // ---- demand → watches: the watch set decides, this passes its actions on ---------------

@@ -247,6 +247,12 @@ impl Watches {
         self.by_id.contains_key(&id)
     }
 
+    /// What watch `id` watches, while it is open.
+    #[must_use]
+    pub fn key_of(&self, id: u64) -> Option<&WatchKey> {
+        self.by_id.get(&id)
+    }
+
     /// The open watches.
     pub fn iter(&self) -> impl Iterator<Item = (&WatchKey, &Running)> {
         self.running.iter()

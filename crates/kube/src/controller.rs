@@ -19,10 +19,10 @@
 pub(crate) mod api_changes;
 mod backoff;
 mod config;
-mod counts;
 pub mod discovery;
 pub mod events;
 pub mod members;
+mod proofs;
 mod quotas;
 mod shared;
 pub mod snapshot;
@@ -63,7 +63,7 @@ use tracing::{info, warn};
 use api_changes::api_change_stream;
 use discovery::{Discovered, WalkGuesses, discover_guessing};
 use events::Recorder;
-use quotas::{failure, quota_event, status_patch};
+use quotas::{failure, quota_event};
 pub use snapshot::{QuotaKeyUsage, Snapshot, SnapshotHandle, WatchInfo};
 use watch::{WatchItem, WatchKey, WatchOptions, routed_api};
 
@@ -308,19 +308,19 @@ impl Controller {
                 Effect::Discover { cluster, groups } => self.discover(cluster, groups),
                 Effect::WriteStatus(write) => self.write_status(write),
                 Effect::ReadQuota(key) => self.read_quota(key),
-                Effect::CountObjects {
+                Effect::ListForProof {
                     key,
                     served,
                     namespace,
                 } => {
-                    let api = counts::api(
+                    let api = proofs::api(
                         &self.client,
                         &self.route(&key.cluster),
                         &served,
                         namespace.as_deref(),
                     );
                     self.answers
-                        .push(counts::count(api, key, served.resource, namespace).boxed());
+                        .push(proofs::list(api, key, served.resource, namespace).boxed());
                 }
                 Effect::Event {
                     quota,
@@ -423,7 +423,7 @@ impl Controller {
             Some(&write.key.namespace),
             (),
         );
-        let body = status_patch(&write);
+        let body = write.patch();
         self.answers.push(
             async move {
                 let result = api

@@ -310,9 +310,12 @@ impl Quantity {
     #[must_use]
     pub fn sub(&self, other: &Self) -> Self {
         let format = if self.is_zero() { other.format } else { self.format };
-        let amount = match (self.amount.to_big(), other.amount.to_big()) {
-            (Some(a), Some(b)) => Amount::from_big(a - b),
-            _ => Amount::Unknown,
+        let amount = match (&self.amount, &other.amount) {
+            (Amount::Nanos(a), Amount::Nanos(b)) if a.checked_sub(*b).is_some() => Amount::Nanos(a - b),
+            _ => match (self.amount.to_big(), other.amount.to_big()) {
+                (Some(a), Some(b)) => Amount::from_big(a - b),
+                _ => Amount::Unknown,
+            },
         };
         Self { amount, format }
     }

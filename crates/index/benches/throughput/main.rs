@@ -146,10 +146,12 @@ struct Tally {
 fn apply_all(engine: &mut Engine, partitions: &[PartitionKey], events: Vec<Event>) -> Tally {
     let now = now();
     let mut tally = Tally::default();
-    for e in events {
+    // Each event at a resourceVersion of its own, as a watch delivers them (so arrivals are
+    // handed to the quotas' charges as they would be).
+    for (revision, e) in (1_u64..).zip(events) {
         let p = &partitions[e.partition];
         let applied = match e.op {
-            Op::Apply(object) => engine.apply(e.kind, p, e.id, object, now),
+            Op::Apply(object) => engine.apply(e.kind, p, e.id, object, Some(revision), now),
             Op::Delete => engine.delete(e.kind, p, e.id),
         };
         match applied {

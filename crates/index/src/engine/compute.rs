@@ -161,6 +161,17 @@ impl Engine {
 }
 
 impl Engine {
+    /// How many objects partition `p` holds, if it is current (listed, its watch not failing),
+    /// in whichever store holds it.
+    #[must_use]
+    pub fn held_len(&self, p: &PartitionKey) -> Option<usize> {
+        synced_len(&self.counts, p)
+            .or_else(|| synced_len(&self.pods, p))
+            .or_else(|| synced_len(&self.services, p))
+            .or_else(|| synced_len(&self.pvcs, p))
+            .or_else(|| synced_len(&self.claims, p))
+    }
+
     /// The DeviceClasses of `cluster` as the resourceclaims evaluator maps them, if their
     /// (cluster-wide) watch is synced.
     fn device_class_map(&self, cluster: &ClusterName) -> Option<DeviceClassMap> {

@@ -26,10 +26,11 @@ pub struct QuotaState {
     pub resource_version: Option<String>,
     /// The quota's uid, for Events about it.
     pub uid: Option<String>,
-    /// Raises of `status.used` someone else made lately (quota admission charging creates
-    /// whose objects may not be held yet): never written below ([`crate::lowering`]). Empty,
-    /// and so free, on a quota nobody charges; at most [`crate::lowering::MAX_CHARGES`].
-    pub charges: Vec<crate::lowering::Charge>,
+    /// Raises of `status.used` someone else made (quota admission charging creates whose
+    /// objects may not be held yet) and the arrivals that pay for them: never written below
+    /// what is still owed ([`crate::charges`]). Empty, and so free but for two empty `Vec`s,
+    /// on a quota nobody charges.
+    pub ledger: crate::charges::Ledger,
     /// The resourceVersion the quota is at and when (the caller's milliseconds) lazyquota saw
     /// it first ([`crate::lowering::hold_until_caught_up`]).
     pub view: (u64, u64),
@@ -77,7 +78,7 @@ impl QuotaState {
             status_used: status.and_then(|s| s.used.as_ref()).map(QuantityList::from),
             resource_version: quota.metadata.resource_version.clone(),
             uid: quota.metadata.uid.clone(),
-            charges: Vec::new(),
+            ledger: crate::charges::Ledger::default(),
             view: (0, 0),
             spec_ms: 0,
         };
@@ -93,10 +94,10 @@ impl QuotaState {
         matches!((&self.uid, &old.uid), (Some(new), Some(old)) if new != old)
     }
 
-    /// Carries what is kept across events from `old`, the state this one replaces: recent
-    /// charges, the view, and when its spec settled.
+    /// Carries what is kept across events from `old`, the state this one replaces: its
+    /// charges and credits, the view, and when its spec settled.
     fn carry_from(&mut self, old: &QuotaState) {
-        self.charges.clone_from(&old.charges);
+        self.ledger.clone_from(&old.ledger);
         self.view = old.view;
         self.spec_ms = old.spec_ms;
     }
@@ -153,6 +154,9 @@ pub struct QuotaUpdate {
     /// The quota is another object than the one held under its name (a new uid): forget
     /// what was recorded about the old one ([`QuotaState::replaces_another`]).
     pub renewed: bool,
+    /// New to lazyquota with a stored `status.used` admission maintains: what it holds, to be
+    /// carried as a charge ([`crate::charges::Ledger::carry`]).
+    pub carried: Vec<(String, Quantity)>,
 }
 
 impl Engine {
@@ -198,9 +202,7 @@ impl Engine {
         // Raises are charges even when the spec changed too (a fresh read after a conflict can
         // jump over an edit and admission's charges at once).
         let raised = match held {
-            Some(old) => {
-                crate::lowering::raised(old.payload.status_used.as_ref(), state.status_used.as_ref())
-            }
+            Some(old) => crate::charges::raised(old.payload.status_used.as_ref(), state.status_used.as_ref()),
             None => Vec::new(),
         };
         let settle = recompute
@@ -212,7 +214,26 @@ impl Engine {
         } else {
             Vec::new()
         };
-        let changes = self.index.apply(key, &policy, state);
+        let carried = if held.is_none() {
+            maintained_values(&state)
+        } else {
+            Vec::new()
+        };
+        // Most quota events are admission's charges: the keys, scopes and status.hard keys are
+        // the same, and so is the demand — the payload alone is replaced.
+        let same_policy = held.is_some_and(|old| {
+            old.payload.spec.hard_keys == state.spec.hard_keys
+                && old.payload.spec.scopes == state.spec.scopes
+                && (&**old.demand_namespace() == ALL_NAMESPACES) == policy.cluster_scoped
+                && same_keys(old.payload.status_hard.as_ref(), state.status_hard.as_ref())
+        });
+        let changes = match self.index.payload_mut(&key) {
+            Some(payload) if same_policy => {
+                *payload = state;
+                Vec::new()
+            }
+            _ => self.index.apply(key, &policy, state),
+        };
         QuotaUpdate {
             changes,
             recompute,
@@ -221,6 +242,7 @@ impl Engine {
             settle,
             problems,
             renewed,
+            carried,
         }
     }
 
@@ -246,6 +268,7 @@ impl Engine {
         let mut moved = Vec::new();
         let mut respecified = Vec::new();
         let mut renewed = Vec::new();
+        let mut carried = Vec::new();
         let entries: Vec<_> = quotas
             .into_iter()
             .map(|(key, quota)| {
@@ -268,11 +291,16 @@ impl Engine {
                 }
                 if let Some(old) = old {
                     state.carry_from(old);
+                } else {
+                    let values = maintained_values(&state);
+                    if !values.is_empty() {
+                        carried.push((key.clone(), values));
+                    }
                 }
                 if let Some(old) = old
                     && !crate::mutation::active(crate::mutation::Mutation::NoChargeHold)
                 {
-                    let by = crate::lowering::raised(old.status_used.as_ref(), state.status_used.as_ref());
+                    let by = crate::charges::raised(old.status_used.as_ref(), state.status_used.as_ref());
                     if !by.is_empty() {
                         raised.push((key.clone(), by));
                     }
@@ -286,46 +314,80 @@ impl Engine {
             moved,
             respecified,
             renewed,
+            carried,
         }
     }
 
     /// Notes what someone else raised in the quota's `status.used`, seen at `now_ms` (the
-    /// caller's monotonic milliseconds): for a while no key is written below what is counted
-    /// plus these ([`crate::lowering`]).
-    pub fn note_charge(&mut self, key: &QuotaKey, raised: Vec<(String, Quantity)>, now_ms: u64) {
+    /// caller's monotonic milliseconds): until objects stored after it pay for it, or
+    /// `bound_ms` has passed, no key is written below what is counted plus what it owes
+    /// ([`crate::charges`]).
+    pub fn note_charge(
+        &mut self,
+        key: &QuotaKey,
+        raised: Vec<(String, Quantity)>,
+        now_ms: u64,
+        bound_ms: u64,
+    ) {
         if let Some(state) = self.index.payload_mut(key) {
             let revision = state.resource_version.as_deref().and_then(|rv| rv.parse().ok());
-            crate::lowering::note(&mut state.charges, raised, revision, now_ms);
+            state.ledger.note(raised, revision, now_ms, bound_ms);
         }
     }
 
     /// Notes what a write's late response found the view held raised above the write at
     /// `written`, less the charges already noted since that version
-    /// ([`crate::lowering::not_yet_noted`]).
+    /// ([`crate::charges::not_yet_noted`]).
     pub fn note_charge_after_write(
         &mut self,
         key: &QuotaKey,
         raised: Vec<(String, Quantity)>,
         written: Option<u64>,
         now_ms: u64,
+        bound_ms: u64,
     ) {
         let state = self.index.get(key).map(|e| &e.payload);
         let view = state.and_then(|s| s.resource_version.as_deref()?.parse().ok());
         let raised = match (state, written, view) {
             (Some(state), Some(written), Some(view)) => {
-                crate::lowering::not_yet_noted(&state.charges, written, view, raised, now_ms)
+                crate::charges::not_yet_noted(&state.ledger.charges, written, view, raised)
             }
             _ => raised,
         };
-        self.note_charge(key, raised, now_ms);
+        self.note_charge(key, raised, now_ms, bound_ms);
+    }
+
+    /// Notes what a quota new to lazyquota holds, seen at `now_ms`
+    /// ([`crate::charges::Ledger::carry`]).
+    pub fn note_carried(
+        &mut self,
+        key: &QuotaKey,
+        stored: Vec<(String, Quantity)>,
+        now_ms: u64,
+        bound_ms: u64,
+    ) {
+        if let Some(state) = self.index.payload_mut(key) {
+            let revision = state.resource_version.as_deref().and_then(|rv| rv.parse().ok());
+            state.ledger.carry(stored, revision, now_ms, bound_ms);
+        }
     }
 
     /// Forgets what the quota's event at `written` raised, now that a response said that
     /// version was a write of ours conditioned on the one before it
-    /// ([`crate::lowering::forget_own`]).
+    /// ([`crate::charges::Ledger::forget_own`]).
     pub fn forget_own_charge(&mut self, key: &QuotaKey, written: u64) {
         if let Some(state) = self.index.payload_mut(key) {
-            crate::lowering::forget_own(&mut state.charges, written);
+            let view = state.view.0;
+            state.ledger.forget_own(written, view);
+        }
+    }
+
+    /// Forgets the quota's charges paid in full, unless a status write of it is in flight
+    /// (`writing`), and those past the create bound ([`crate::charges::Ledger`]).
+    pub fn tidy_charges(&mut self, key: &QuotaKey, writing: bool, now_ms: u64, bound_ms: u64) {
+        if let Some(state) = self.index.payload_mut(key) {
+            state.ledger.expire(now_ms, bound_ms);
+            state.ledger.forget_paid(writing);
         }
     }
 
@@ -348,6 +410,8 @@ impl Engine {
                 .and_then(|rv| rv.parse().ok())
                 .unwrap_or(u64::MAX);
             state.view = (rv, now_ms);
+            // No charge older than the view can be seen from now on.
+            state.ledger.seen_up_to(rv);
         }
     }
 
@@ -405,8 +469,14 @@ impl Engine {
                 return Vec::new();
             }
             let used = written.status.as_ref().and_then(|s| s.used.as_ref());
-            return crate::lowering::raised(used, state.status_used.as_ref());
+            return crate::charges::raised(used, state.status_used.as_ref());
         }
+        let keys_before: Vec<String> = state
+            .status_hard
+            .iter()
+            .flat_map(QuantityList::keys)
+            .cloned()
+            .collect();
         {
             let status = written.status.as_ref();
             state.status_hard = status.and_then(|s| s.hard.as_ref()).map(QuantityList::from);
@@ -414,6 +484,15 @@ impl Engine {
             state
                 .resource_version
                 .clone_from(&written.metadata.resource_version);
+        }
+        let keys_now: Vec<String> = state
+            .status_hard
+            .iter()
+            .flat_map(QuantityList::keys)
+            .cloned()
+            .collect();
+        if keys_now != keys_before {
+            self.index.set_status_hard(key, &keys_now);
         }
         Vec::new()
     }
@@ -434,4 +513,30 @@ pub struct Reset {
     /// Quotas that replace another object of their name (a new uid): what was recorded about
     /// the old one is to be forgotten.
     pub renewed: Vec<QuotaKey>,
+    /// Per quota new to lazyquota, what its stored `status.used` holds where admission
+    /// maintains it: carried as a charge ([`crate::charges::Ledger::carry`]).
+    pub carried: Vec<(QuotaKey, Vec<(String, Quantity)>)>,
+}
+
+/// Whether two resource lists have the same keys (absent is empty).
+fn same_keys(a: Option<&QuantityList>, b: Option<&QuantityList>) -> bool {
+    let (a, b) = (
+        a.into_iter().flat_map(QuantityList::keys),
+        b.into_iter().flat_map(QuantityList::keys),
+    );
+    a.eq(b)
+}
+
+/// The positive values of `status.used` admission maintains (their keys in `status.hard`).
+fn maintained_values(state: &QuotaState) -> Vec<(String, Quantity)> {
+    state
+        .status_used
+        .iter()
+        .flat_map(QuantityList::iter)
+        .filter(|(k, _)| state.maintained(k))
+        .filter_map(|(k, v)| {
+            let q = Quantity::parse_k8s(v).unwrap_or_else(|_| Quantity::unknown());
+            (q.is_unknown() || q.is_positive() == Some(true)).then(|| (k.clone(), q))
+        })
+        .collect()
 }

@@ -217,12 +217,12 @@ fn a_quota_created_again_under_its_name_carries_nothing_of_the_old_one() {
     // Admission charges the first object; lazyquota notes the charge and the view.
     let update = engine.apply_quota(key.clone(), &object("a", 11, &hard, Some(&[("pods", "1")])));
     assert!(!update.renewed && update.recheck, "a charge of the same quota");
-    engine.note_charge(&key, update.raised, 1_000);
+    engine.note_charge(&key, update.raised, 1_000, crate::charges::DEFAULT_BOUND_MS);
     engine.note_spec(&key, 1_000);
     engine.note_view(&key, 1_000);
     let state = &engine.index.get(&key).unwrap().payload;
     assert_eq!(
-        (state.charges.len(), state.view, state.spec_ms),
+        (state.ledger.charges.len(), state.view, state.spec_ms),
         (1, (11, 1_000), 1_000)
     );
 
@@ -237,7 +237,7 @@ fn a_quota_created_again_under_its_name_carries_nothing_of_the_old_one() {
     );
     let state = &engine.index.get(&key).unwrap().payload;
     assert!(
-        state.charges.is_empty(),
+        state.ledger.charges.is_empty(),
         "the old quota's charges do not hold the new one"
     );
     assert_eq!(
@@ -251,6 +251,7 @@ fn a_quota_created_again_under_its_name_carries_nothing_of_the_old_one() {
         &key,
         vec![("pods".to_owned(), lazyquota_quota::Quantity::parse("3").unwrap())],
         2_000,
+        crate::charges::DEFAULT_BOUND_MS,
     );
     engine.note_view(&key, 2_000);
     let again = object("c", 30, &hard, None);
@@ -260,17 +261,18 @@ fn a_quota_created_again_under_its_name_carries_nothing_of_the_old_one() {
     assert_eq!(reset.moved, vec![key.clone()]);
     assert!(reset.raised.is_empty());
     let state = &engine.index.get(&key).unwrap().payload;
-    assert!(state.charges.is_empty() && state.view == (0, 0));
+    assert!(state.ledger.charges.is_empty() && state.view == (0, 0));
 
     // The same object at a newer version is not renewed, and keeps its charges.
     engine.note_charge(
         &key,
         vec![("pods".to_owned(), lazyquota_quota::Quantity::parse("1").unwrap())],
         3_000,
+        crate::charges::DEFAULT_BOUND_MS,
     );
     let update = engine.apply_quota(key.clone(), &object("c", 31, &hard, Some(&[("pods", "1")])));
     assert!(!update.renewed);
-    assert_eq!(engine.index.get(&key).unwrap().payload.charges.len(), 1);
+    assert_eq!(engine.index.get(&key).unwrap().payload.ledger.charges.len(), 1);
 }
 
 #[test]

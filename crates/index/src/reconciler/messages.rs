@@ -6,11 +6,12 @@ use std::{collections::BTreeSet, sync::Arc, time::Instant};
 use k8s_openapi::api::core::v1::ResourceQuota;
 use lazyquota_quota::Time;
 
-use super::{ClusterEvent, Counted, Discovered, Failure, QuotaEvent, SharedEvent, SharedKey, StatusWrite};
+use super::{ClusterEvent, Discovered, Failure, QuotaEvent, SharedEvent, SharedKey, StatusWrite};
 use crate::{
     engine::Projected,
     keys::{ClusterName, GroupResource, QuotaKey},
     planner::WatchKey,
+    reconciler::proofs::Listed,
     resolver::ServedResource,
     watches::{Item, ObjectEvent},
 };
@@ -73,18 +74,19 @@ pub enum Input {
         /// The quota, or the failure.
         result: Result<ResourceQuota, Failure>,
     },
-    /// A count ([`Effect::CountObjects`]) was answered.
-    Counted {
+    /// A list for a proof ([`Effect::ListForProof`]) was answered.
+    Listed {
         /// The quota it was asked for.
         key: QuotaKey,
-        /// The resource counted.
+        /// The resource listed.
         resource: GroupResource,
-        /// The namespace counted, as asked (`None`: every namespace): a count of another
-        /// scope than the quota's now (a kcp quota that became cluster-scoped meanwhile)
-        /// vouches for nothing.
+        /// The namespace listed, as asked (`None`: every namespace): a list of another scope
+        /// than the quota's now (a kcp quota that became cluster-scoped meanwhile) proves
+        /// nothing.
         namespace: Option<String>,
-        /// The list's resourceVersion and how many objects it had, or the error.
-        result: Result<Counted, String>,
+        /// The list's resourceVersion, how many objects it had and the newest one's
+        /// resourceVersion, or the error.
+        result: Result<Listed, String>,
     },
     /// kcp: an event of a shared wildcard watch ([`Effect::OpenShared`]).
     Shared {
@@ -145,10 +147,11 @@ pub enum Effect {
     WriteStatus(StatusWrite),
     /// Read a quota afresh; answer with [`Input::Read`].
     ReadQuota(QuotaKey),
-    /// Count the objects of `served` a new quota key counts (one namespace's, or every
-    /// namespace's of the cluster) with a consistent list, metadata only; answer with
-    /// [`Input::Counted`]. The list's resourceVersion says how recent the count is.
-    CountObjects {
+    /// List the objects of `served` a quota's key is computed from (one namespace's, or every
+    /// namespace's of the cluster) with a consistent list, metadata only, paged; answer with
+    /// [`Input::Listed`]: its resourceVersion, how many objects and the newest one's
+    /// resourceVersion ([`super::proofs`]).
+    ListForProof {
         /// The quota it is for (its cluster is the one listed).
         key: QuotaKey,
         /// The type and version.
@@ -233,14 +236,19 @@ pub enum Metric {
     Engaged(usize),
     /// kcp: shared wildcard watches open now.
     SharedWatches(usize),
-    /// A count of a new key's objects (`answered`, `failed`), or a key it vouched for
-    /// (`vouched`: written at once instead of after the settling time).
-    ObjectCount {
+    /// A list for a proof that the store caught up with a quota: `matched` (the store is the
+    /// state the list shows: its keys are written at once), `differed` (the watch has events to
+    /// deliver: compared again as it does), `failed`.
+    CatchUpList {
         /// Its resource label.
         resource: String,
         /// What came of it.
         result: &'static str,
     },
+    /// A key was written without proof that the watch of this resource (label) had caught up
+    /// with its quota: the list failed or went unanswered, and the settling time ended the
+    /// wait.
+    SettleWaitEnded(String),
     /// kcp: a joining subscriber of the shared watch of this resource (label) buffered more
     /// than its bound and lists its share again.
     ShareOverflow(String),

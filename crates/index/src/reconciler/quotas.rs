@@ -160,7 +160,12 @@ impl Reconciler {
             let reset = self.engine.reset_quotas(&cluster, keyed);
             changes.extend(reset.changes);
             for (key, by) in reset.raised {
-                self.engine.note_charge(&key, by, at);
+                self.engine.note_charge(&key, by, at, self.bound_ms());
+            }
+            for (key, stored) in reset.carried {
+                if !crate::mutation::active(crate::mutation::Mutation::LateObjectNotCounted) {
+                    self.engine.note_carried(&key, stored, at, self.bound_ms());
+                }
             }
             for key in reset.moved {
                 self.engine.note_view(&key, at);
@@ -203,7 +208,7 @@ impl Reconciler {
     fn forget_books(&mut self, key: &QuotaKey) {
         let name = key.to_string();
         self.books.forget_quotas(|q| q == name);
-        self.counts.forget(key);
+        self.proofs.forget(key);
     }
 
     pub(super) fn apply_quota(&mut self, quota: &ResourceQuota, now: Now) {
@@ -255,11 +260,19 @@ impl Reconciler {
         {
             self.report_unavailable(&key.cluster);
         }
+        if !update.carried.is_empty()
+            && !crate::mutation::active(crate::mutation::Mutation::LateObjectNotCounted)
+        {
+            // New to lazyquota with a status: charges made before it watched may be in it.
+            let at = self.ms(now.instant);
+            self.engine
+                .note_carried(&key, update.carried, at, self.bound_ms());
+        }
         if !update.raised.is_empty() {
             // Someone else raised status.used (admission charging creates): meanwhile no key
             // of it is lowered below what is counted plus these (crate::lowering).
             let at = self.ms(now.instant);
-            self.engine.note_charge(&key, update.raised, at);
+            self.engine.note_charge(&key, update.raised, at, self.bound_ms());
         }
         if update.recompute {
             self.queue.add(key, now.instant);
@@ -364,7 +377,7 @@ impl Reconciler {
         // theirs stands.
         let prefix = format!("{cluster}|");
         self.books.forget_quotas(|q| q.starts_with(&prefix));
-        self.counts.forget_cluster(cluster);
+        self.proofs.forget_cluster(cluster);
         self.effects.push(Effect::Disengaged(cluster.clone()));
     }
 }

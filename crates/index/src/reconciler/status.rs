@@ -7,7 +7,7 @@ use k8s_openapi::{api::core::v1::ResourceQuota, apimachinery::pkg::api::resource
 use lazyquota_quota::{Quantity, QuantityList};
 use tracing::{debug, warn};
 
-use super::{Effect, FIRST_LIST_GRACE, Metric, Now, Reconciler};
+use super::{Effect, FIRST_LIST_GRACE, Listed, Metric, Now, Proof, Reconciler};
 use crate::{
     engine::KeySources,
     keys::{GroupResource, QuotaKey},
@@ -34,6 +34,43 @@ pub struct StatusWrite {
     /// Keys whose `used` this write lowers (below the stored value, or removed): the keys it
     /// may take an admission charge back from, if its view is behind.
     pub lowers: Vec<String>,
+}
+
+impl StatusWrite {
+    /// The request's body: a JSON merge patch of `status.hard` and `status.used` — the keys
+    /// computed now, and `null` for every key the stored status had that is no longer there —
+    /// and the resourceVersion it is conditioned on (409 if the quota changed meanwhile).
+    ///
+    /// Not a PUT of the status subresource with a body of our own: ResourceQuota's status
+    /// strategy keeps only the old `spec`, so a PUT whose metadata lacks the quota's labels and
+    /// annotations removes them (lazyquota keeps neither). That wiped `helm.sh` ownership
+    /// annotations and kcp's `experimental.quota.kcp.io/cluster-scoped` before this patch.
+    #[must_use]
+    pub fn patch(&self) -> serde_json::Value {
+        fn merged(
+            now: &BTreeMap<String, K8sQuantity>,
+            removed: &[String],
+        ) -> serde_json::Map<String, serde_json::Value> {
+            let mut out: serde_json::Map<String, serde_json::Value> = now
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.0.clone())))
+                .collect();
+            for gone in removed {
+                out.entry(gone.clone()).or_insert(serde_json::Value::Null);
+            }
+            out
+        }
+        let mut patch = serde_json::json!({
+            "status": {
+                "hard": merged(&self.hard, &self.removed_hard),
+                "used": merged(&self.used, &self.removed_used),
+            }
+        });
+        if let Some(rv) = &self.precondition {
+            patch["metadata"] = serde_json::json!({ "resourceVersion": rv });
+        }
+        patch
+    }
 }
 
 /// Why a request failed: the HTTP status code if the server answered, and the message.
@@ -79,6 +116,11 @@ impl Reconciler {
             self.queue.done(&key);
             return;
         }
+        // Charges paid in full are forgotten (no write of the quota is in flight when it is
+        // synced), and those past the create bound.
+        let writing = self.writing.contains_key(&key);
+        self.engine
+            .tidy_charges(&key, writing, self.ms(now.instant), self.bound_ms());
         let Some(computed) = self.engine.compute(&key, now.time) else {
             self.queue.done(&key);
             return;
@@ -93,6 +135,7 @@ impl Reconciler {
         for error in &computed.scope_errors {
             warn!(quota = %key, %error, "scope matching failed; usage is the partial sum, as upstream");
         }
+        self.refine_carried(&key, &computed);
         let mut decision = computed.decision;
         if let Some(e) = self.engine.index.get(&key)
             && !active(Mutation::StaleCounts)
@@ -113,8 +156,8 @@ impl Reconciler {
                 .collect(),
             _ => Vec::new(),
         };
-        if let Some(held) = self.hold_lowering(&key, &kept, &mut decision, now_ms) {
-            debug!(quota = %key, keys = ?held.keys, "recent charges added to what is counted");
+        if let Some(held) = self.hold_lowering(&key, &kept, &mut decision, now) {
+            debug!(quota = %key, keys = ?held.keys, "charges still owed added to what is counted");
             let at = self.epoch + std::time::Duration::from_millis(held.until_ms);
             self.queue.add_at(key.clone(), at);
         }
@@ -149,10 +192,10 @@ impl Reconciler {
             self.queue.done(&key);
             return;
         }
-        if let Some(until) = self.count_in_flight(&key, now) {
-            // Writing now would move the quota past the count's version: the count's answer
-            // (or failure) enqueues the quota again.
-            debug!(quota = %key, "a count of a new key's objects is in flight: the write waits for it");
+        if let Some(until) = self.proof_in_flight(&key, now) {
+            // Writing now would move the quota past the list's version: the list's answer (or
+            // failure) enqueues the quota again.
+            debug!(quota = %key, "a list to prove a watch caught up is in flight: the write waits for it");
             self.queue.done(&key);
             self.queue.add_at(key, until);
             return;
@@ -174,20 +217,66 @@ impl Reconciler {
         self.effects.push(Effect::WriteStatus(write));
     }
 
-    /// Holds back lowering `key` below what is counted plus the recent charges of its
-    /// namespace (every quota of it: they charge for the same objects).
+    /// What a quota first seen with a status carries ([`crate::charges::Ledger::carry`]) is
+    /// cut, key by key, to what the store does not explain, once the store has caught up with
+    /// the quota (or counts at least the stored value).
+    fn refine_carried(&mut self, key: &QuotaKey, computed: &crate::engine::Computed) {
+        let Some(entry) = self.engine.index.get(key) else {
+            return;
+        };
+        let state = &entry.payload;
+        let carried: Vec<String> = computed
+            .decision
+            .used
+            .keys()
+            .filter(|k| state.ledger.carries(k) && !computed.uncomputed.contains(*k))
+            .cloned()
+            .collect();
+        if carried.is_empty() {
+            return;
+        }
+        let mut refined = Vec::new();
+        for name in carried {
+            let (Some(stored), Ok(counted)) = (
+                state.maintained_used(&name).map(Quantity::parse_k8s),
+                Quantity::parse_k8s(&computed.decision.used[&name]),
+            ) else {
+                continue;
+            };
+            let Ok(stored) = stored else { continue };
+            let unexplained = stored
+                .sub(&counted)
+                .sub(&state.ledger.owed_besides_carried(&name));
+            let caught_up = counted >= stored
+                || self
+                    .behind_the_quota(key, &computed.sources, std::slice::from_ref(&name))
+                    .is_empty();
+            if caught_up {
+                refined.push((name, unexplained));
+            }
+        }
+        if let Some(state) = self.engine.index.payload_mut(key) {
+            for (name, unexplained) in refined {
+                debug!(quota = %key, key = %name, unexplained = %unexplained.to_k8s().0, "what the quota held when first seen, cut to what the store does not explain");
+                state.ledger.refine_carried(&name, &unexplained);
+            }
+        }
+    }
+
+    /// Holds back lowering `key` below what is counted plus what the charges of its
+    /// namespace still owe (every quota of it: they charge for the same objects).
     fn hold_lowering(
         &self,
         key: &QuotaKey,
         kept: &[String],
         decision: &mut lazyquota_quota::StatusDecision,
-        now_ms: u64,
+        now: Now,
     ) -> Option<lowering::Held> {
         if active(Mutation::NoChargeHold) {
             return None;
         }
         let entry = self.engine.index.get(key)?;
-        let charges = self.namespace_charges(key);
+        let charges = self.namespace_charges(key, now);
         // What the watches it is computed from delivered: a charge at or past it is for an
         // object not counted yet.
         let resources: Vec<GroupResource> = entry.demands().keys().cloned().collect();
@@ -198,16 +287,24 @@ impl Reconciler {
             .map(|w| w.observed)
             .max()
             .unwrap_or(0);
-        lowering::hold_lowering(&entry.payload, &charges, observed, kept, decision, now_ms)
+        lowering::hold_lowering(
+            &entry.payload,
+            &charges,
+            observed,
+            kept,
+            decision,
+            self.bound_ms(),
+        )
     }
 
     /// The charges seen on the quota and its neighbours in its namespace — and in the namespace
     /// it is computed over (a kcp cluster-scoped quota's is `*`: filed there, not in its own):
     /// they are charges for objects it counts too.
-    fn namespace_charges(&self, key: &QuotaKey) -> Vec<&lowering::Charge> {
+    fn namespace_charges(&self, key: &QuotaKey, now: Now) -> Vec<&crate::charges::Charge> {
         let Some(entry) = self.engine.index.get(key) else {
             return Vec::new();
         };
+        let (now_ms, bound_ms) = (self.ms(now.instant), self.bound_ms());
         let mut quotas: Vec<&QuotaKey> = vec![key];
         quotas.extend(self.engine.index.in_namespace(&key.cluster, &key.namespace));
         quotas.extend(
@@ -220,17 +317,21 @@ impl Reconciler {
         quotas
             .into_iter()
             .filter_map(|k| self.engine.index.get(k))
-            .flat_map(|e| &e.payload.charges)
+            .flat_map(|e| &e.payload.ledger.charges)
+            .filter(|c| c.is_owed() && c.at_ms.saturating_add(bound_ms) > now_ms)
             .collect()
     }
 
-    /// For [`lowering::SETTLE_MS`] after a quota is created or its keys change (and after it,
-    /// for keys its `status.hard` lacks), holds back
-    /// keys written lower or for the first time while a watch the quota is computed from has
-    /// not come as far as the quota's resourceVersion ([`lowering::hold_until_caught_up`]):
-    /// an object admitted before a key existed is not charged to it, so only the watch can
-    /// tell of it — or, for a new key that counts every object of one resource, a count at or
-    /// past that version ([`super::counts`]), asked for here. Returns when to compute again.
+    /// Holds back keys written lower or for the first time while a watch the quota is computed
+    /// from has not caught up with the quota's resourceVersion ([`lowering::hold_until_caught_up`]):
+    /// an object stored before it — admitted before admission charged the key, so no charge
+    /// tells of it — may still be on its way. A watch has caught up once it delivered an event
+    /// at or past that version, opened after lazyquota saw it, or a consistent list at or past
+    /// it matched the store ([`super::proofs`], asked for here). Where the list fails or is not
+    /// answered, a key admission maintains is written once the quota's settling time
+    /// ([`lowering::SETTLE_MS`] after lazyquota saw its version) is over; one admission never
+    /// charged waits for its watch. Returns when to compute again, if anything is held that no
+    /// event will bring back.
     fn hold_until_caught_up(
         &mut self,
         key: &QuotaKey,
@@ -242,155 +343,216 @@ impl Reconciler {
             return None;
         }
         let entry = self.engine.index.get(key)?;
+        let state = &entry.payload;
+        // Only a key written lower or for the first time needs the watches: a raise only
+        // brings the stored value closer to the objects that exist.
+        let candidates: Vec<String> = decision
+            .used
+            .iter()
+            .filter(|(name, ours)| match state.maintained_used(name) {
+                None => true,
+                // The common case, unchanged, costs no parse.
+                Some(theirs) if theirs.0 == ours.0 => false,
+                Some(theirs) => match (Quantity::parse_k8s(ours), Quantity::parse_k8s(theirs)) {
+                    (Ok(o), Ok(t)) => o < t,
+                    _ => true,
+                },
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        if candidates.is_empty() {
+            // The common case: nothing lowered. No look at the watches, no list kept.
+            self.proofs.forget(key);
+            return None;
+        }
+        let rv = state.view.0;
+        let settled = self.settles_at(state);
+        let behind = self.behind_the_quota(key, sources, &candidates);
+        if behind.is_empty() {
+            self.proofs.forget(key);
+            return None;
+        }
+        let namespace = self.counted_namespace(key);
+        let mut held = BTreeSet::new();
+        let mut again = None;
+        for (name, resources) in &behind {
+            let maintained = self
+                .engine
+                .index
+                .get(key)
+                .is_some_and(|e| e.payload.maintained(name));
+            if active(Mutation::CatchUpOnlyWhileSettling) && now.instant >= settled {
+                // The old rule: once settled, a key is lowered without a look at the watches.
+                continue;
+            }
+            if active(Mutation::UnenforcedAfterSettling) && !maintained && now.instant >= settled {
+                // The older rule: once settled, not even a key admission never charged waits.
+                continue;
+            }
+            let mut waits = false;
+            for resource in resources {
+                match self.proofs.proof(key, resource, rv, namespace.as_deref()) {
+                    Proof::None => {
+                        self.ask_proof(key, resource, rv);
+                        waits = true;
+                    }
+                    Proof::Pending | Proof::Failed if now.instant >= settled && maintained => {
+                        debug!(quota = %key, key = %name, %resource, "no proof the watch caught up with the quota: the settling time ended the wait");
+                        self.effects.push(Effect::Metric(Metric::SettleWaitEnded(
+                            crate::planner::resource_label(resource),
+                        )));
+                    }
+                    // A list that differed is compared again as the watch delivers
+                    // ([`super::proofs::Proofs::listing`]).
+                    Proof::Listed(_) | Proof::Pending | Proof::Failed => waits = true,
+                }
+            }
+            if waits {
+                held.insert(name.clone());
+                // The settling time may end the wait for a maintained key; one never charged
+                // is looked at again now and then (its watch's events bring it back too).
+                let at = if maintained && now.instant < settled {
+                    settled
+                } else {
+                    now.instant + std::time::Duration::from_millis(lowering::SETTLE_MS)
+                };
+                again = Some(again.map_or(at, |a: std::time::Instant| a.min(at)));
+            }
+        }
+        let entry = self.engine.index.get(key)?;
+        lowering::hold_until_caught_up(&entry.payload, |name| held.contains(name), decision)
+            .then_some(again)
+            .flatten()
+    }
+
+    /// Whether a list asked at the quota's version is still in flight, or answered and not yet
+    /// matched by the store (the watch has events to deliver up to it), and until when the
+    /// quota's write waits for it at most: its settling time's end. Any write moves the quota
+    /// past the list, and another would be asked.
+    fn proof_in_flight(&self, key: &QuotaKey, now: Now) -> Option<std::time::Instant> {
+        let entry = self.engine.index.get(key)?;
         let settled = self.settles_at(&entry.payload);
         if now.instant >= settled {
-            // Every object stored since has been charged to the quota for the keys of its
-            // `status.hard`, so the charges (`hold_lowering`) cover what the watches have not
-            // delivered yet. Not for a key `status.hard` lacks: admission never charged it, and
-            // its first write may come long after the quota changed (a discovery that failed,
-            // a hung write holding the concurrency, conflicts). It waits for its watches as in
-            // the settling time; the write that puts it into `status.hard` starts that again.
-            self.counts.forget(key);
-            let unenforced = decision.used.keys().any(|k| !entry.payload.maintained(k));
-            if !unenforced || active(Mutation::UnenforcedAfterSettling) {
-                // The common case, a settled quota whose keys are all enforced, costs no
-                // look at the watches.
-                return None;
-            }
-            let (behind, _) = self.behind_the_quota(key, sources, decision, now);
-            let entry = self.engine.index.get(key)?;
-            let state = &entry.payload;
-            let held = lowering::hold_until_caught_up(
-                state,
-                |name| behind.contains(name) && !state.maintained(name),
-                decision,
-            );
-            // Computed again once the settling time this write starts is over.
-            return held.then(|| now.instant + std::time::Duration::from_millis(lowering::SETTLE_MS));
+            return None;
         }
         let rv = entry.payload.view.0;
-        let (mut behind, countable) = self.behind_the_quota(key, sources, decision, now);
-        let namespace = if countable.is_empty() {
-            None
-        } else {
-            self.counted_namespace(key)
-        };
-        for (name, resource) in countable {
-            match self.counts.vouching(key, &resource, rv, namespace.as_deref()) {
-                Some(objects) => {
-                    if let Some(ours) = decision.used.get_mut(&name) {
-                        let counted = Quantity::from_count(objects);
-                        if Quantity::parse_k8s(ours).is_ok_and(|o| o < counted) {
-                            *ours = counted.to_k8s();
-                        }
-                    }
-                    debug!(quota = %key, key = %name, objects, "a count past the quota's version vouches for a new key");
-                    self.effects.push(Effect::Metric(Metric::ObjectCount {
-                        resource: crate::planner::resource_label(&resource),
-                        result: "vouched",
-                    }));
-                    behind.remove(&name);
-                }
-                None => self.ask_count(key, &resource, rv),
-            }
+        if self.proofs.waiting(key, rv) {
+            return Some(settled);
         }
-        let entry = self.engine.index.get(key)?;
-        lowering::hold_until_caught_up(&entry.payload, |name| behind.contains(name), decision)
-            .then_some(settled)
+        let namespace = self.counted_namespace(key);
+        let demand_namespace = entry.demand_namespace().clone();
+        let all = &*demand_namespace == crate::keys::ALL_NAMESPACES;
+        let unmatched = self.proofs.listing_of(key).any(|resource| {
+            let resources = [resource.clone()];
+            matches!(
+                self.proofs.proof(key, resource, rv, namespace.as_deref()),
+                Proof::Listed(_)
+            ) && self.watches.feeding(key, all, &resources).any(|w| {
+                w.observed < rv
+                    && !self.proved(
+                        key,
+                        resource,
+                        rv,
+                        namespace.as_deref(),
+                        &demand_namespace,
+                        w.observed,
+                    )
+            })
+        });
+        unmatched.then_some(settled)
     }
 
-    /// Whether a count asked at the quota's version is still in flight ([`super::counts`]), and
-    /// until when the quota's write waits for it at most: its settling time's end, when the
-    /// counts are forgotten.
-    fn count_in_flight(&self, key: &QuotaKey, now: Now) -> Option<std::time::Instant> {
-        let entry = self.engine.index.get(key)?;
-        let settled = self.settles_at(&entry.payload);
-        (now.instant < settled && self.counts.waiting(key, entry.payload.view.0)).then_some(settled)
-    }
-
-    /// When the quota's settling time ([`lowering::SETTLE_MS`] after its last change) ends.
+    /// When the quota's settling time ends: [`lowering::SETTLE_MS`] after lazyquota saw its
+    /// version (or its spec last changed, if later).
     fn settles_at(&self, state: &crate::engine::QuotaState) -> std::time::Instant {
-        self.epoch + std::time::Duration::from_millis(state.spec_ms + lowering::SETTLE_MS)
+        let since = state.view.1.max(state.spec_ms);
+        self.epoch + std::time::Duration::from_millis(since + lowering::SETTLE_MS)
     }
 
-    /// The keys of `decision` the watches have not caught up with (see
-    /// [`Self::hold_until_caught_up`]), and of them the new ones that only a quiet watch holds
-    /// back and that a count of one resource computes (with that resource).
+    /// Of `candidates` (keys of the quota to be written lower or for the first time), those
+    /// a watch of their own objects has not caught up for, with those watches' resources:
+    /// not delivered an event at or past the quota's version, not opened after lazyquota saw
+    /// it, and no list at or past it matching the store ([`super::proofs`]).
     fn behind_the_quota(
         &self,
         key: &QuotaKey,
         sources: &KeySources,
-        decision: &lazyquota_quota::StatusDecision,
-        now: Now,
-    ) -> (BTreeSet<String>, Vec<(String, GroupResource)>) {
-        let (mut behind, mut countable) = (BTreeSet::new(), Vec::new());
+        candidates: &[String],
+    ) -> BTreeMap<String, Vec<GroupResource>> {
+        let mut behind = BTreeMap::new();
         let Some(entry) = self.engine.index.get(key) else {
-            return (behind, countable);
+            return behind;
         };
         let (rv, at_ms) = entry.payload.view;
         let changed = self.epoch + std::time::Duration::from_millis(at_ms);
-        let all = &**entry.demand_namespace() == crate::keys::ALL_NAMESPACES;
+        let demand_namespace = entry.demand_namespace().clone();
+        let all = &*demand_namespace == crate::keys::ALL_NAMESPACES;
+        let namespace = self.counted_namespace(key);
         let every: Vec<GroupResource> = entry.demands().keys().cloned().collect();
-        // A charge younger than SETTLE_MS on a key of the same objects may be for an object
-        // admitted before this key existed (charged for the others, not for it) and stored
-        // after the quota's version: no watch position tells of it.
-        let now_ms = self.ms(now.instant);
-        let recent: Vec<&str> = self
-            .namespace_charges(key)
-            .into_iter()
-            .filter(|c| c.at_ms.saturating_add(lowering::SETTLE_MS) > now_ms)
-            .flat_map(|c| c.raised.iter().map(|(k, _)| k.as_str()))
-            .collect();
-        // A neighbour's key that this quota does not compute counts the objects of its own
-        // evaluators (admission charges a key only for objects of those types); a key no
-        // evaluator claims could count anything.
-        let gates = self.settings.gates;
-        let recently_charged = |resources: &[GroupResource]| {
-            recent.iter().any(|raised| {
-                let theirs = sources
-                    .of(raised)
-                    .unwrap_or_else(|| crate::demand::replenished_by(raised, gates));
-                theirs.is_empty() || theirs.iter().any(|r| resources.contains(r))
-            })
-        };
-        let state = &entry.payload;
-        for name in decision.used.keys() {
-            // Otherwise only the watches of a key's own objects can hold it back (a new key of
-            // another type is not kept waiting for a quiet watch it does not read).
+        for name in candidates {
+            // Only the watches of a key's own objects can hold it back (a new key of another
+            // type is not kept waiting for a quiet watch it does not read).
             let own = sources.of(name);
             let resources = own.as_deref().unwrap_or(&every);
-            if recently_charged(resources) {
-                behind.insert(name.clone());
-                continue;
+            let mut waiting: Vec<GroupResource> = Vec::new();
+            for w in self.watches.feeding(key, all, resources) {
+                let Some(watched) = self.watches.key_of(w.id) else {
+                    continue;
+                };
+                let caught_up = w.observed >= rv
+                    || self.opened.get(&w.id).is_some_and(|at| *at >= changed)
+                    || self.proved(
+                        key,
+                        &watched.resource,
+                        rv,
+                        namespace.as_deref(),
+                        &demand_namespace,
+                        w.observed,
+                    );
+                if !caught_up && !waiting.contains(&watched.resource) {
+                    waiting.push(watched.resource.clone());
+                }
             }
-            let caught_up = self
-                .watches
-                .feeding(key, all, resources)
-                .all(|w| w.observed >= rv || self.opened.get(&w.id).is_some_and(|at| *at >= changed));
-            if caught_up {
-                continue;
-            }
-            behind.insert(name.clone());
-            // New: no value admission maintained, so nothing was charged to it.
-            if let Some(resource) = lazyquota_quota::counted_by_list(name, &state.spec.scopes, gates)
-                && state.maintained_used(name).is_none()
-                && own.as_deref() == Some(std::slice::from_ref(&resource))
-            {
-                countable.push((name.clone(), resource));
+            if !waiting.is_empty() {
+                behind.insert(name.clone(), waiting);
             }
         }
-        (behind, countable)
+        behind
     }
 
-    /// The namespace a count for the quota lists (`None`: every namespace, a kcp
+    /// Whether a list of `resource` at or past the quota's version `rv` shows what the store
+    /// holds for the quota, its watch having delivered up to `observed`.
+    fn proved(
+        &self,
+        key: &QuotaKey,
+        resource: &GroupResource,
+        rv: u64,
+        namespace: Option<&str>,
+        demand_namespace: &std::sync::Arc<str>,
+        observed: u64,
+    ) -> bool {
+        let Proof::Listed(listed) = self.proofs.proof(key, resource, rv, namespace) else {
+            return false;
+        };
+        let p = crate::store::PartitionKey {
+            cluster: key.cluster.clone(),
+            resource: resource.clone(),
+            namespace: demand_namespace.clone(),
+        };
+        self.engine
+            .held_len(&p)
+            .is_some_and(|held| listed.matches(held, observed))
+    }
+
+    /// The namespace a list for the quota lists (`None`: every namespace, a kcp
     /// cluster-scoped quota's).
     fn counted_namespace(&self, key: &QuotaKey) -> Option<String> {
         let namespace = self.engine.index.get(key)?.demand_namespace();
         (&**namespace != crate::keys::ALL_NAMESPACES).then(|| namespace.to_string())
     }
 
-    /// Asks for a count of `resource` for the quota at `revision`, once, within the bounds.
-    fn ask_count(&mut self, key: &QuotaKey, resource: &GroupResource, revision: u64) {
+    /// Asks for a list of `resource` for the quota at `revision`, once, within the bounds.
+    fn ask_proof(&mut self, key: &QuotaKey, resource: &GroupResource, revision: u64) {
         if self.engine.index.get(key).is_none() {
             return;
         }
@@ -398,13 +560,43 @@ impl Reconciler {
             return;
         };
         let namespace = self.counted_namespace(key);
-        if self.counts.ask(key, resource, revision, namespace.as_deref()) {
-            debug!(quota = %key, %resource, revision, "a new key on a quiet watch: counting its objects");
-            self.effects.push(Effect::CountObjects {
+        if self.proofs.ask(key, resource, revision, namespace.as_deref()) {
+            debug!(quota = %key, %resource, revision, "a watch behind the quota: listing its objects to compare with the store");
+            self.effects.push(Effect::ListForProof {
                 key: key.clone(),
                 served,
                 namespace,
             });
+        }
+    }
+
+    /// A list for a proof was answered: what it says of the store now (`matched`,
+    /// `differed`), for the metric.
+    pub(super) fn proof_answered(
+        &self,
+        key: &QuotaKey,
+        resource: &GroupResource,
+        listed: &Listed,
+    ) -> &'static str {
+        let Some(entry) = self.engine.index.get(key) else {
+            return "differed";
+        };
+        let demand_namespace = entry.demand_namespace().clone();
+        let all = &*demand_namespace == crate::keys::ALL_NAMESPACES;
+        let resources = [resource.clone()];
+        let observed = self
+            .watches
+            .feeding(key, all, &resources)
+            .map(|w| w.observed)
+            .min();
+        let p = crate::store::PartitionKey {
+            cluster: key.cluster.clone(),
+            resource: resource.clone(),
+            namespace: demand_namespace,
+        };
+        match (observed, self.engine.held_len(&p)) {
+            (Some(observed), Some(held)) if listed.matches(held, observed) => "matched",
+            _ => "differed",
         }
     }
 
@@ -492,7 +684,8 @@ impl Reconciler {
                     // Charges made after the write, behind the newer version already held
                     // (those its events brought are noted already).
                     let at = self.ms(now.instant);
-                    self.engine.note_charge_after_write(key, raised, written_rv, at);
+                    self.engine
+                        .note_charge_after_write(key, raised, written_rv, at, self.bound_ms());
                 }
                 if self
                     .engine
@@ -550,6 +743,9 @@ impl Reconciler {
                 warn!(quota = %key, error = %message, ?delay, "status write failed; retrying");
             }
         }
+        // The write is answered: the charges paid in full while it was in flight go.
+        self.engine
+            .tidy_charges(key, false, self.ms(now.instant), self.bound_ms());
     }
 
     pub(super) fn on_read(&mut self, key: &QuotaKey, result: Result<ResourceQuota, Failure>, now: Now) {

@@ -98,7 +98,7 @@ impl Watches {
                     if !self.ensure_held(engine, &key, kind, &p) {
                         continue; // another namespace's object on a cluster-wide watch: dropped at ingest
                     }
-                    match engine.apply(kind, &p, id, object, now) {
+                    match engine.apply(kind, &p, id, object, revision, now) {
                         Applied::Replenish => Self::replenish(engine, &key, &p.namespace, out),
                         Applied::Malformed(reason) => out.push(Action::Malformed {
                             key: key.clone(),

@@ -30,7 +30,7 @@ const PARTS: u64 = 8;
 
 /// Fault kinds every part of the CI range must see fire, and how often at least (per seed of
 /// the part): a change that stops a fault from firing fails here, not silently.
-const FLOORS: [(&str, f64); 25] = [
+const FLOORS: [(&str, f64); 37] = [
     ("slow_response", 0.2),
     ("watch_cut", 0.5),
     ("watch_gone", 0.5),
@@ -57,6 +57,19 @@ const FLOORS: [(&str, f64); 25] = [
     ("share_overflow", 0.01),
     ("burst", 0.1),
     ("wrong_guess", 0.01),
+    // wide seeds (three in twenty)
+    ("slow_storage", 0.5),
+    ("refused_after_charge", 0.1),
+    ("pod_resize", 0.05),
+    ("pod_deadline", 0.04),
+    ("pod_terminal", 0.05),
+    ("pod_grace", 0.1),
+    ("service_type", 0.3),
+    ("pvc_expand", 0.3),
+    ("restart", 0.04),
+    ("terminating_rollout", 0.1),
+    ("proof_list", 2.0),
+    ("proof_list_error", 0.1),
 ];
 
 fn failure(seed: u64, mutation: Option<Mutation>, report: &Report) -> String {
@@ -130,6 +143,26 @@ parts!(
     seeds_part_7 = 7
 );
 
+/// Every mutation, for replays by name.
+const ALL_MUTATIONS: [Mutation; 16] = [
+    Mutation::StaleCounts,
+    Mutation::UnclaimedAgrees,
+    Mutation::NoChargeHold,
+    Mutation::NoCatchUp,
+    Mutation::StaleProof,
+    Mutation::OldWritePolicy,
+    Mutation::UnboundedJoins,
+    Mutation::SharesRejoinFailedWatch,
+    Mutation::UnenforcedAfterSettling,
+    Mutation::OwnWriteIsACharge,
+    Mutation::KeptKeyChargedAgain,
+    Mutation::RestartsWithoutBackoff,
+    Mutation::ProofIgnoresVersions,
+    Mutation::ChargeReleasedByTime,
+    Mutation::LateObjectNotCounted,
+    Mutation::CatchUpOnlyWhileSettling,
+];
+
 /// Seeds beyond the CI range that `make sim-soak` found failing, each fixed since: they run in
 /// CI too, so the paths they found stay closed (as long as the model runs them the same way).
 const SOAK_FINDS: [u64; 10] = [
@@ -144,23 +177,6 @@ const SOAK_FINDS: [u64; 10] = [
     85_114,  // a fresh read after a conflict, answered after the quota's delete, brought it back
     145_031, // a failing shared watch of one subscriber, closed and opened again by each quota change, skipped its restart's wait
 ];
-
-/// The seed that found a first value written past the settling time without waiting for
-/// the watches fails again with that rule put back. The two kcp seeds that found it too
-/// (49,813 and 181,821) no longer reach it since a workspace's watches start beside its first
-/// discovery (`Resolver::guess`): by the time its held write goes out they have caught up.
-/// Of seeds 0–300,000 with the rule put back, only 12,730 fails now.
-#[test]
-fn mutation_a_key_unenforced_after_the_settling_time_is_caught() {
-    let seed = 12_730;
-    let report = run(Options {
-        seed,
-        mutation: Some(Mutation::UnenforcedAfterSettling),
-        trace: false,
-    });
-    let violation = report.violation.unwrap_or_default();
-    assert!(violation.starts_with("safety"), "seed {seed}: {violation:?}");
-}
 
 #[test]
 fn seeds_the_soak_found() {
@@ -181,9 +197,16 @@ fn replay() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
+    // `LAZYQUOTA_SIM_MUTATION=<name>` replays with a mutation put back (its Debug name).
+    let mutation = std::env::var("LAZYQUOTA_SIM_MUTATION").ok().map(|name| {
+        ALL_MUTATIONS
+            .into_iter()
+            .find(|m| format!("{m:?}") == name)
+            .unwrap_or_else(|| panic!("no mutation {name}"))
+    });
     let report = run(Options {
         seed,
-        mutation: None,
+        mutation,
         trace: true,
     });
     for line in &report.trace {
@@ -285,9 +308,27 @@ fn mutation_6_the_old_write_policy_is_caught() {
     expect_caught(Mutation::OldWritePolicy, "liveness");
 }
 
+/// A charge now stays until an object pays it, which covers most of what this defect used to
+/// break; what is left needs a rarer shape (a share listed while its shared watch is down, and
+/// an object admitted uncharged stored meanwhile).
 #[test]
 fn mutation_a_failed_shared_watch_rejoined_by_share_lists_is_caught() {
-    expect_caught(Mutation::SharesRejoinFailedWatch, "safety");
+    expect_caught_within(Mutation::SharesRejoinFailedWatch, "safety", 3_000);
+}
+
+#[test]
+fn mutation_a_charge_released_by_time_is_caught() {
+    expect_caught(Mutation::ChargeReleasedByTime, "safety");
+}
+
+#[test]
+fn mutation_a_late_stored_object_not_counted_is_caught() {
+    expect_caught(Mutation::LateObjectNotCounted, "safety");
+}
+
+#[test]
+fn mutation_a_list_compared_without_versions_is_caught() {
+    expect_caught(Mutation::ProofIgnoresVersions, "safety");
 }
 
 #[test]
@@ -312,12 +353,17 @@ fn overcounts(mutation: Option<Mutation>, seeds: u64) -> (u64, u64) {
         .fold((0, 0), |(o, s), (a, b)| (o + a, s + b))
 }
 
-/// With `mutation` put back, the first 1,000 seeds write above every object more often.
+/// Seeds the overcount comparisons run: enough for each to show (a few hundred writes above
+/// every object without the mutation, about three times as many with it).
+const OVERCOUNT_SEEDS: u64 = 400;
+
+/// With `mutation` put back, the first [`OVERCOUNT_SEEDS`] seeds write above every object more
+/// often.
 fn expect_more_overcounts(mutation: Mutation) {
-    let (now, short_now) = overcounts(None, 1_000);
-    let (old, short_old) = overcounts(Some(mutation), 1_000);
+    let (now, short_now) = overcounts(None, OVERCOUNT_SEEDS);
+    let (old, short_old) = overcounts(Some(mutation), OVERCOUNT_SEEDS);
     println!(
-        "writes above every object in the first 1,000 seeds: {now}, with {mutation:?}: {old} \
+        "writes above every object in the first {OVERCOUNT_SEEDS} seeds: {now}, with {mutation:?}: {old} \
          (with the allowed shortfall: {short_now} and {short_old})"
     );
     assert!(
@@ -334,6 +380,24 @@ fn mutation_an_own_write_taken_for_a_charge_shows_in_the_overcounts() {
 #[test]
 fn mutation_a_kept_key_charged_again_shows_in_the_overcounts() {
     expect_more_overcounts(Mutation::KeptKeyChargedAgain);
+}
+
+/// Which seed of the first `LAZYQUOTA_SIM_SEEDS` (default 3,000) each mutation fails first:
+/// `cargo test -p lazyquota-index --test sim first_failures -- --ignored --nocapture`.
+#[test]
+#[ignore = "a survey: run it on purpose"]
+fn first_failures() {
+    let seeds = std::env::var("LAZYQUOTA_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3_000);
+    let only = std::env::var("LAZYQUOTA_SIM_MUTATION").ok();
+    for mutation in ALL_MUTATIONS {
+        if only.as_ref().is_some_and(|o| *o != format!("{mutation:?}")) {
+            continue;
+        }
+        println!("{mutation:?}: {:?}", first_failure(mutation, seeds));
+    }
 }
 
 #[test]

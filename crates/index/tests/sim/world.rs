@@ -17,7 +17,7 @@ use lazyquota_index::{
     mutation::{self, Mutation},
     planner::Mode,
     reconciler::{
-        ClusterEvent, Counted, Discovered, Effect, Failure, Input, Metric, Now, QuotaEvent, Reconciler,
+        ClusterEvent, Discovered, Effect, Failure, Input, Listed, Metric, Now, QuotaEvent, Reconciler,
         Settings, SharedKey, StatusWrite,
     },
     resolver::ServedResource,
@@ -25,7 +25,7 @@ use lazyquota_index::{
 };
 use lazyquota_quota::{FeatureGates, Interner, PodProjection, Time};
 
-use crate::model::{Obj, Res, Server, WIDGETS_KEY, milli, place, split};
+use crate::model::{GI, Obj, Res, Server, WIDGETS_KEY, milli, place, split};
 
 mod checks;
 mod effects;
@@ -38,6 +38,11 @@ mod watches;
 use kcp::Kcp;
 
 use trace::{describe, describe_effect, describe_input, describe_quota};
+
+/// Nanoseconds since the unix epoch of model millisecond `ms`.
+fn wall_nanos(ms: u64) -> i128 {
+    1_800_000_000_000_000_000 + i128::from(ms) * 1_000_000
+}
 
 /// What a run is given.
 #[derive(Clone, Copy, Debug)]
@@ -94,7 +99,15 @@ enum Wid {
 #[derive(Debug)]
 enum Ev {
     Tenant,
+    /// Storage takes an admitted write (a create, or an update).
     Store(Obj),
+    /// Storage refuses an admitted write after its charge (a name taken, a conflict).
+    Refused(Obj),
+    /// The kubelet removes a pod whose deletion grace is over.
+    KubeletDelete(String, String),
+    /// The controller is killed and started again: a new reconciler, nothing of the old one
+    /// kept, while writes are in flight.
+    Restart,
     /// An item of a watch; its objects name their place (`cluster|namespace`), made into
     /// what the apiserver sends when delivered.
     Item {
@@ -106,10 +119,14 @@ enum Ev {
         generation: u64,
         event: QuotaEvent,
     },
-    Answer(Input),
+    /// An answer to the reconciler of this epoch (one restarted since never gets it).
+    Answer(u64, Input),
+    /// A status write lands on the server (a write of a reconciler restarted since lands too;
+    /// its answer goes nowhere).
     ServerWrite {
         write: StatusWrite,
         fault: WriteFault,
+        epoch: u64,
     },
     ServeList {
         id: Wid,
@@ -117,6 +134,7 @@ enum Ev {
     },
     ServeFill {
         input: Input,
+        epoch: u64,
     },
     Resume {
         id: Wid,
@@ -138,11 +156,12 @@ enum Ev {
         cluster: ClusterName,
         namespace: Option<String>,
     },
-    /// A count of a new key's objects runs on the server.
-    ServeCount {
+    /// A list proving a watch caught up with a quota runs on the server.
+    ServeProofList {
         key: QuotaKey,
         resource: GroupResource,
         namespace: Option<String>,
+        epoch: u64,
     },
 }
 
@@ -196,6 +215,10 @@ pub struct World {
     queue: BTreeMap<(u64, u64), Ev>,
     server: Server,
     rec: Reconciler,
+    /// The reconciler's settings (a restarted one gets the same).
+    settings: Settings,
+    /// How many times the reconciler was restarted: answers to an earlier one go nowhere.
+    epoch: u64,
     watches: BTreeMap<Wid, Watch>,
     next_generation: u64,
     quota_generation: u64,
@@ -229,7 +252,20 @@ pub struct World {
     /// Twin seeds: the second quota of a namespace takes the first one's keys, so a new quota
     /// often has a neighbour with its keys, settled or just changed.
     twins: bool,
+    /// Wide seeds ([`is_wide_seed`]): Services, PVCs and scoped quotas besides ConfigMaps and
+    /// Pods; updates that move objects in or out of a key or scope; writes refused after their
+    /// charge.
+    wide: bool,
+    /// Wide seeds, most of them: a quarter of the writes take 0.5–5 s from admission to
+    /// storage, longer than a watch takes to deliver and than the settling time.
+    slow_storage: bool,
     report: Report,
+}
+
+/// Whether `seed` is a wide seed ([`World`]'s `wide`): three in twenty, by the seed alone,
+/// none of them a kcp or twin seed.
+pub fn is_wide_seed(seed: u64) -> bool {
+    seed % 10 == 2 || seed % 20 == 15
 }
 
 /// Whether `seed` is a twin seed ([`World`]'s `twins`): two in ten, by the seed alone, none of
@@ -242,6 +278,11 @@ fn served(res: Res) -> ServedResource {
     let (resource, kind) = match res {
         Res::ConfigMaps => (GroupResource::core("configmaps"), "ConfigMap"),
         Res::Pods => (GroupResource::core("pods"), "Pod"),
+        Res::Services => (GroupResource::core("services"), "Service"),
+        Res::Pvcs => (
+            GroupResource::core("persistentvolumeclaims"),
+            "PersistentVolumeClaim",
+        ),
         Res::Widgets => (GroupResource::new("example.io", "widgets"), "Widget"),
     };
     ServedResource {
@@ -277,7 +318,11 @@ impl World {
             Some(k) => k.places(),
             None => NAMESPACES.iter().map(|ns| place(CLUSTER, ns)).collect(),
         };
-        let rec = Reconciler::new(settings, ObjectIds::new(std::hash::RandomState::new()), origin);
+        let rec = Reconciler::new(
+            settings.clone(),
+            ObjectIds::new(std::hash::RandomState::new()),
+            origin,
+        );
         let main_until = rng.range(4_000, 10_000);
         let mut world = Self {
             rng,
@@ -287,6 +332,8 @@ impl World {
             queue: BTreeMap::new(),
             server: Server::default(),
             rec,
+            settings,
+            epoch: 0,
             watches: BTreeMap::new(),
             next_generation: 0,
             quota_generation: 0,
@@ -305,11 +352,17 @@ impl World {
             places,
             kcp,
             twins: is_twin_seed(options.seed),
+            wide: is_wide_seed(options.seed),
+            slow_storage: false,
             report: Report {
                 trace: Vec::new(),
                 ..Report::default()
             },
         };
+        if world.wide {
+            // Drawn apart from the run's generator: every other seed runs as it did.
+            world.slow_storage = !options.seed.is_multiple_of(4);
+        }
         for p in world.places.clone() {
             if world.rng.percent(80) {
                 let hard = world.random_hard();
@@ -326,6 +379,11 @@ impl World {
         world.schedule_quota_relist(1);
         world.at(5, Ev::Tenant);
         world.at(50, Ev::Fault);
+        if world.wide && world.kcp.is_none() && !options.seed.is_multiple_of(3) {
+            // Drawn apart from the run's generator, as the wide seeds are.
+            let at = 1_000 + (options.seed.wrapping_mul(7_919) % 3_000);
+            world.at(at, Ev::Restart);
+        }
         world
     }
 
@@ -345,6 +403,25 @@ impl World {
         }
         if self.kcp.is_some() && self.rng.percent(50) {
             hard.insert(WIDGETS_KEY.into(), 1000 * self.rng.range(2, 6).cast_signed());
+        }
+        if self.wide {
+            for key in [
+                "services",
+                "services.loadbalancers",
+                "services.nodeports",
+                "persistentvolumeclaims",
+                "requests.storage",
+            ] {
+                if self.rng.percent(35) {
+                    let n = self.rng.range(2, 6).cast_signed();
+                    let value = if key == "requests.storage" {
+                        n * 2 * GI * 1000
+                    } else {
+                        n * 1000
+                    };
+                    hard.insert(key.into(), value);
+                }
+            }
         }
         if hard.is_empty() {
             hard.insert("count/configmaps".into(), 3000);
@@ -376,8 +453,13 @@ impl World {
     fn now(&self) -> Now {
         Now {
             instant: self.origin + Duration::from_millis(self.now),
-            time: Time::from_unix_nanos(1_800_000_000_000_000_000 + i128::from(self.now) * 1_000_000),
+            time: Time::from_unix_nanos(wall_nanos(self.now)),
         }
+    }
+
+    /// The wall time of model millisecond `ms`, as an object's timestamp carries it.
+    fn wall(ms: u64) -> k8s_openapi::jiff::Timestamp {
+        k8s_openapi::jiff::Timestamp::from_nanosecond(wall_nanos(ms)).expect("in range")
     }
 
     fn violation(&mut self, message: String) {
@@ -415,6 +497,7 @@ impl World {
                 break;
             }
             self.now = self.now.max(next);
+            self.server.now_ms = self.now;
             self.report.steps += 1;
             if next_event == Some(next) && wakeup.is_none_or(|w| w >= next) {
                 let key = *self.queue.keys().next().unwrap();
@@ -435,6 +518,29 @@ impl World {
         self.report
     }
 
+    /// The controller is killed and started again: a new reconciler starts from the quota
+    /// watch's list, its watches and requests are the new one's, and what the old one had
+    /// asked is answered to nobody.
+    fn restart(&mut self) {
+        if !self.main {
+            return;
+        }
+        self.fired("restart");
+        self.epoch += 1;
+        self.rec = Reconciler::new(
+            self.settings.clone(),
+            ObjectIds::new(std::hash::RandomState::new()),
+            self.now().instant,
+        );
+        self.watches.clear();
+        self.opened.clear();
+        self.quota_generation += 1;
+        self.quota_gap = true;
+        self.quota_last_at = self.now;
+        let delay = self.rng.range(10, 200);
+        self.schedule_quota_relist(delay);
+    }
+
     fn end_main(&mut self) {
         self.main = false;
         self.trace_line(|| "tenants and faults stop".into());
@@ -451,21 +557,49 @@ impl World {
             Ev::Tenant => self.tenant(),
             Ev::Store(obj) if self.cluster_gone(&obj.namespace) => {
                 // Its logical cluster was deleted while the create was in flight.
-                self.server
-                    .in_flight
-                    .retain(|o| !(o.namespace == obj.namespace && o.name == obj.name));
+                self.server.refuse(&obj);
             }
-            Ev::Store(mut obj) => {
-                self.trace_line(|| format!("stored {}/{}", obj.namespace, obj.name));
-                let rv = self.server.store(obj.clone());
-                obj.rv = rv;
-                self.object_changed(&obj, rv, false);
+            Ev::Store(mut obj) => match self.server.store(obj.clone()) {
+                Some(rv) => {
+                    self.trace_line(|| format!("stored {}/{} at {rv}", obj.namespace, obj.name));
+                    obj.rv = rv;
+                    self.object_changed(&obj, rv, false);
+                    let ns = obj.namespace.clone();
+                    self.kcm_soon(&ns);
+                }
+                None => self.trace_line(|| {
+                    format!(
+                        "update of {}/{} refused: deleted meanwhile",
+                        obj.namespace, obj.name
+                    )
+                }),
+            },
+            Ev::Refused(obj) => {
+                self.fired("refused_after_charge");
+                self.trace_line(|| {
+                    format!("write of {}/{} refused after its charge", obj.namespace, obj.name)
+                });
+                self.server.refuse(&obj);
+                // KCM takes the charge back at its next sync.
                 let ns = obj.namespace.clone();
                 self.kcm_soon(&ns);
+            }
+            Ev::Restart => self.restart(),
+            Ev::KubeletDelete(ns, name) => {
+                if let Some((rv, obj)) = self.server.delete(Res::Pods, &ns, &name) {
+                    self.trace_line(|| format!("kubelet deleted {ns}/{name}"));
+                    self.object_changed(&obj, rv, true);
+                    self.kcm_soon(&ns);
+                }
             }
             Ev::Item { id, generation, item } => {
                 if self.watches.get(&id).is_some_and(|w| w.generation == generation) {
                     self.trace_line(|| format!("watch {id:?} ← {}", describe(&item)));
+                    if let Item::Apply(o) | Item::Delete(o) | Item::InitApply(o) = &item
+                        && let (Some(res), Some(rv)) = (self.watches.get(&id).map(|w| w.res), o.revision)
+                    {
+                        self.server.delivered(&o.namespace, res, rv);
+                    }
                     let input = match id {
                         Wid::Own(id) => Input::Watch {
                             id,
@@ -494,7 +628,8 @@ impl World {
                     self.trace_line(|| format!("  next wakeup {wakeup:?}"));
                 }
             }
-            Ev::Answer(input) => {
+            Ev::Answer(epoch, _) if epoch != self.epoch => {}
+            Ev::Answer(_, input) => {
                 self.trace_line(|| format!("answer {}", describe_input(&input)));
                 if let Input::Read { key, result: Ok(_) } = &input {
                     self.jumped
@@ -502,9 +637,10 @@ impl World {
                 }
                 self.rec.handle(input, self.now());
             }
-            Ev::ServerWrite { write, fault } => self.server_write(write, fault),
+            Ev::ServerWrite { write, fault, epoch } => self.server_write(write, fault, epoch),
             Ev::ServeList { id, generation } => self.serve_list(&id, generation),
-            Ev::ServeFill { input } => self.serve_fill(input),
+            Ev::ServeFill { epoch, .. } | Ev::ServeProofList { epoch, .. } if epoch != self.epoch => {}
+            Ev::ServeFill { input, .. } => self.serve_fill(input),
             Ev::Resume {
                 id,
                 generation,
@@ -524,11 +660,12 @@ impl World {
                 cluster,
                 namespace,
             } => self.serve_share(key, generation, &cluster, namespace.as_deref()),
-            Ev::ServeCount {
+            Ev::ServeProofList {
                 key,
                 resource,
                 namespace,
-            } => self.serve_count(key, resource, namespace.as_deref()),
+                ..
+            } => self.serve_proof_list(key, resource, namespace.as_deref()),
         }
     }
 }

@@ -23,6 +23,9 @@ pub struct Config {
     pub namespace_watch_threshold: usize,
     /// Safety-net discovery poll (CRD and APIService changes trigger discovery at once).
     pub discovery_poll: Duration,
+    /// How long a quota charge no stored object pays for is kept (kube-apiserver's
+    /// `--request-timeout`; [`Settings::charge_bound`]).
+    pub charge_bound: Duration,
     /// Feature gates of the KCM whose results are mirrored.
     pub gates: FeatureGates,
     /// Streaming lists: `Some(choice)`, or `None` to probe the server once. Off by default:
@@ -55,6 +58,7 @@ impl Default for Config {
             shadow: false,
             namespace_watch_threshold: 8,
             discovery_poll: Duration::from_mins(5),
+            charge_bound: Duration::from_millis(lazyquota_index::charges::DEFAULT_BOUND_MS),
             gates: FeatureGates::default(),
             streaming_lists: Some(false),
             instance: "lazyquota".into(),
@@ -83,5 +87,6 @@ pub(super) fn settings(config: &Config, shard: bool) -> Settings {
         shared_threshold: config.shared_threshold,
         shared_buffer: lazyquota_index::reconciler::MAX_PENDING,
         workspace: config.workspace.clone(),
+        charge_bound: config.charge_bound,
     }
 }

@@ -102,7 +102,8 @@ pub struct Metrics {
     kcp_engaged: IntGauge,
     kcp_shared: IntGauge,
     kcp_share_overflows: IntCounterVec,
-    object_counts: IntCounterVec,
+    catch_up_lists: IntCounterVec,
+    settle_waits_ended: IntCounterVec,
     quota_used: GaugeVec,
     quota_hard: GaugeVec,
     quota_ratio: GaugeVec,
@@ -295,11 +296,17 @@ impl Metrics {
                 "kcp: subscribers joining a shared watch that buffered more events than their bound while their share was listed, and list it again.",
                 &["resource"],
             ),
-            object_counts: counter(
+            catch_up_lists: counter(
                 &r,
-                "lazyquota_object_counts_total",
-                "Counts of a new quota key's objects on a quiet watch (answered, failed), and keys they let be written at once (vouched).",
+                "lazyquota_catch_up_lists_total",
+                "Consistent lists asked to prove a quiet watch caught up with a quota, by what came of them: matched (the store is the list's state: the keys are written at once), differed (compared again as the watch delivers), failed.",
                 &["resource", "result"],
+            ),
+            settle_waits_ended: counter(
+                &r,
+                "lazyquota_settle_waits_ended_total",
+                "Keys written without proof that the watch of their objects caught up with the quota: the proving list failed or went unanswered, and the settling time ended the wait.",
+                &["resource"],
             ),
             quota_used: float_gauge_vec(
                 &r,
@@ -398,9 +405,14 @@ impl Metrics {
             Metric::Engaged(clusters) => self.kcp_engaged(clusters),
             Metric::SharedWatches(watches) => self.kcp_shared_watches(watches),
             Metric::ShareOverflow(resource) => self.kcp_share_overflow(&resource),
-            Metric::ObjectCount { resource, result } => {
-                self.object_counts
+            Metric::CatchUpList { resource, result } => {
+                self.catch_up_lists
                     .with_label_values(&[resource.as_str(), result])
+                    .inc();
+            }
+            Metric::SettleWaitEnded(resource) => {
+                self.settle_waits_ended
+                    .with_label_values(&[resource.as_str()])
                     .inc();
             }
         }

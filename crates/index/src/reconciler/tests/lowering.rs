@@ -55,10 +55,11 @@ fn a_quiet_watch_lets_the_key_go_lower_once_settled() {
 }
 
 #[test]
-fn long_after_its_creation_a_quota_changed_by_someone_else_is_lowered_at_once() {
+fn long_after_its_creation_a_quota_changed_by_someone_else_is_lowered_once_a_list_proves_the_store() {
     let (mut h, w) = written_at_20();
     h.tick(crate::lowering::SETTLE_MS);
-    // Another writer (or an edit of a label) moves the version on; the watch is quiet.
+    // Another writer (or an edit of a label) moves the version on; the watch is quiet. An
+    // object stored before 30 may not have reached it, charged or not: a list at 30 says.
     h.feed(Input::Quota(QuotaEvent::Applied(written(&w, 30))));
     let id = h.watch_id();
     h.feed(Input::Watch {
@@ -66,12 +67,11 @@ fn long_after_its_creation_a_quota_changed_by_someone_else_is_lowered_at_once() 
         item: Item::Delete(configmap("b", 4)),
     });
     let effects = h.tick(1);
+    assert!(writes(&effects).is_empty(), "held: {effects:?}");
+    assert_eq!(lists_asked(&effects).len(), 1, "{effects:?}");
+    let effects = [h.feed(listed_for(key(), 30, 1, 2)), h.tick(1)].concat();
     let w = writes(&effects);
-    assert_eq!(
-        w.len(),
-        1,
-        "not held: every object since the quota's keys were set was charged"
-    );
+    assert_eq!(w.len(), 1, "{effects:?}");
     assert_eq!(w[0].used, list(&[(CM, "1")]));
 }
 
@@ -173,7 +173,7 @@ fn a_charge_behind_a_late_write_response_and_a_relist_is_not_lost() {
             "the charge at 26 (for an object the watch, at 24, has not delivered) stands: {w:?}"
         );
     }
-    let charges = &h.rec.engine().index.get(&key()).unwrap().payload.charges;
+    let charges = &h.rec.engine().index.get(&key()).unwrap().payload.ledger.charges;
     assert_eq!(charges.len(), 1, "{charges:?}");
     assert_eq!(charges[0].revision, Some(26));
 }
@@ -201,11 +201,12 @@ fn a_new_key_waits_only_for_the_watch_of_its_own_objects() {
 }
 
 #[test]
-fn a_new_key_is_held_only_by_a_recent_charge_of_its_own_objects() {
-    // A new quota on Services while admission has just charged the neighbour's ConfigMaps: a
-    // ConfigMap on its way is no Service, so nothing holds the new key. The same charge on
-    // Services does hold it: that Service may have been admitted before the key existed.
-    for (charged_key, held) in [(CM, false), ("count/services", true)] {
+fn a_neighbours_charge_holds_no_new_key_whose_watch_has_caught_up() {
+    // A new quota on Services while admission has just charged the neighbour: a Service of
+    // that charge stored before the new quota's version is in the watch's list (opened after
+    // the quota was seen); one stored after it is not the new quota's to count yet (no write
+    // conditioned on that version could know of it), and it is counted when it arrives.
+    for charged_key in [CM, "count/services"] {
         let (mut h, w) = written_at_20();
         h.tick(crate::lowering::SETTLE_MS);
         h.serve_services();
@@ -223,9 +224,9 @@ fn a_new_key_is_held_only_by_a_recent_charge_of_its_own_objects() {
         let new_key_written = writes(&effects)
             .iter()
             .any(|w| &*w.key.name == "s" && w.used.contains_key("count/services"));
-        assert_eq!(
-            new_key_written, !held,
-            "charge on {charged_key}: the new key written at once? {effects:?}"
+        assert!(
+            new_key_written,
+            "charge on {charged_key}: the new key written at once: {effects:?}"
         );
     }
 }
@@ -284,7 +285,7 @@ fn a_key_first_enforced_long_after_the_quota_appeared_settles_from_its_first_wri
 }
 
 /// A second quota counting ConfigMaps, created at resourceVersion 30 while the ConfigMap
-/// watch (synced at 3, two objects) is quiet; returns the effects of its first sync: a count
+/// watch (synced at 3, two objects) is quiet; returns the effects of its first sync: a list
 /// asked for at 30, and nothing written while it is in flight (a write would move the quota
 /// past it).
 fn second_quota_on_a_quiet_watch(h: &mut Harness) -> Vec<Effect> {
@@ -296,7 +297,7 @@ fn second_quota_on_a_quiet_watch(h: &mut Harness) -> Vec<Effect> {
     .concat();
     assert!(
         writes(&effects).is_empty(),
-        "the write waits for the count: {effects:?}"
+        "the write waits for the list: {effects:?}"
     );
     effects
 }
@@ -327,20 +328,34 @@ fn second() -> QuotaKey {
     QuotaKey::new(&ClusterName::new("c"), "ns", "s")
 }
 
-fn counted(revision: u64, objects: u64) -> Input {
-    Input::Counted {
-        key: second(),
+/// A list of the namespace's ConfigMaps for `quota`'s proof, answered.
+fn listed_for(quota: QuotaKey, revision: u64, objects: u64, newest: u64) -> Input {
+    Input::Listed {
+        key: quota,
         resource: GroupResource::core("configmaps"),
         namespace: Some("ns".into()),
-        result: Ok(Counted { revision, objects }),
+        result: Ok(Listed {
+            revision,
+            objects,
+            newest,
+        }),
     }
 }
 
-fn counts_asked(effects: &[Effect]) -> Vec<(&QuotaKey, &str, Option<&str>)> {
+fn failed_for(quota: QuotaKey) -> Input {
+    Input::Listed {
+        key: quota,
+        resource: GroupResource::core("configmaps"),
+        namespace: Some("ns".into()),
+        result: Err("list: 403".into()),
+    }
+}
+
+fn lists_asked(effects: &[Effect]) -> Vec<(&QuotaKey, &str, Option<&str>)> {
     effects
         .iter()
         .filter_map(|e| match e {
-            Effect::CountObjects {
+            Effect::ListForProof {
                 key,
                 served,
                 namespace,
@@ -351,30 +366,80 @@ fn counts_asked(effects: &[Effect]) -> Vec<(&QuotaKey, &str, Option<&str>)> {
 }
 
 #[test]
-fn a_new_key_on_a_quiet_watch_is_written_at_once_when_a_count_at_the_quotas_version_vouches_for_it() {
+fn a_new_key_on_a_quiet_watch_is_written_at_once_when_a_list_at_the_quotas_version_matches_the_store() {
     let (mut h, _) = written_at_20();
     let effects = second_quota_on_a_quiet_watch(&mut h);
     let second_key = second();
     assert_eq!(
-        counts_asked(&effects),
+        lists_asked(&effects),
         vec![(&second_key, "configmaps", Some("ns"))]
     );
-    // A count at the quota's version, with an object the watch has not delivered yet: the
-    // first write has the key, at the count (above the two the watch delivered).
-    let effects = [h.feed(counted(30, 3)), h.tick(1)].concat();
+    // Two objects at 30, the newest stored at 3, as the watch delivered: the store is the
+    // state at 30, and the key is written from it.
+    let effects = [h.feed(listed_for(second(), 30, 2, 3)), h.tick(1)].concat();
     let w = writes(&effects);
     assert_eq!(w.len(), 1, "{effects:?}");
-    assert_eq!((&w[0].key, &w[0].used), (&second(), &list(&[(CM, "3")])));
+    assert_eq!((&w[0].key, &w[0].used), (&second(), &list(&[(CM, "2")])));
     assert!(w[0].hard.contains_key(CM), "{:?}", w[0]);
     assert_eq!(w[0].precondition.as_deref(), Some("30"));
 }
 
 #[test]
-fn a_count_left_behind_by_a_change_of_the_quota_vouches_for_nothing_and_is_asked_again() {
+fn a_list_that_differs_from_the_store_holds_the_key_until_the_watch_delivers_what_it_showed() {
     let (mut h, _) = written_at_20();
     second_quota_on_a_quiet_watch(&mut h);
-    // Someone changes the quota (its metadata) while the count is in flight: objects stored
-    // between 30 and 31 are not in a count at 30.
+    // Three objects at 30, one stored at 25 that the watch has not delivered.
+    let effects = [h.feed(listed_for(second(), 30, 3, 25)), h.tick(1)].concat();
+    assert!(writes(&effects).is_empty(), "differed: held, {effects:?}");
+    assert!(lists_asked(&effects).is_empty(), "not asked again: {effects:?}");
+    // The watch delivers it: compared again, the store is the state at 30.
+    let id = h.watch_id();
+    let effects = [
+        h.feed(Input::Watch {
+            id,
+            item: Item::Apply(configmap("c", 25)),
+        }),
+        h.tick(1),
+    ]
+    .concat();
+    let w: Vec<&StatusWrite> = writes(&effects)
+        .into_iter()
+        .filter(|w| w.key == second())
+        .collect();
+    assert_eq!(w.len(), 1, "{effects:?}");
+    assert_eq!(w[0].used, list(&[(CM, "3")]));
+    assert_eq!(w[0].precondition.as_deref(), Some("30"));
+}
+
+#[test]
+fn a_list_of_as_many_objects_but_one_the_watch_has_not_delivered_proves_nothing() {
+    // A ConfigMap deleted and another created after the watch's position (3): as many
+    // objects, but the newest is past what the watch delivered.
+    let (mut h, _) = written_at_20();
+    second_quota_on_a_quiet_watch(&mut h);
+    let effects = [h.feed(listed_for(second(), 30, 2, 26)), h.tick(1)].concat();
+    assert!(writes(&effects).is_empty(), "{effects:?}");
+}
+
+#[test]
+fn mutation_a_list_compared_without_versions_is_caught() {
+    crate::mutation::set(Some(crate::mutation::Mutation::ProofIgnoresVersions));
+    let result = std::panic::catch_unwind(
+        a_list_of_as_many_objects_but_one_the_watch_has_not_delivered_proves_nothing,
+    );
+    crate::mutation::set(None);
+    assert!(
+        result.is_err(),
+        "a list compared by count alone proved the store, and the test passed"
+    );
+}
+
+#[test]
+fn a_list_left_behind_by_a_change_of_the_quota_proves_nothing_and_is_asked_again() {
+    let (mut h, _) = written_at_20();
+    second_quota_on_a_quiet_watch(&mut h);
+    // Someone changes the quota (its metadata) while the list is in flight: objects stored
+    // between 30 and 31 are not in a list at 30.
     let mut changed = second_quota(31);
     changed
         .metadata
@@ -382,46 +447,40 @@ fn a_count_left_behind_by_a_change_of_the_quota_vouches_for_nothing_and_is_asked
         .get_or_insert_with(BTreeMap::new)
         .insert("team".into(), "a".into());
     h.feed(Input::Quota(QuotaEvent::Applied(changed)));
-    let effects = [h.feed(counted(30, 5)), h.tick(1)].concat();
+    let effects = [h.feed(listed_for(second(), 30, 2, 3)), h.tick(1)].concat();
     assert!(
         writes(&effects).is_empty(),
-        "a count older than the quota, and one asked at its version in flight: {effects:?}"
+        "a list older than the quota, and one asked at its version in flight: {effects:?}"
     );
-    assert_eq!(counts_asked(&effects).len(), 1, "{effects:?}");
-    let effects = [h.feed(counted(32, 3)), h.tick(1)].concat();
+    assert_eq!(lists_asked(&effects).len(), 1, "{effects:?}");
+    let effects = [h.feed(listed_for(second(), 32, 2, 3)), h.tick(1)].concat();
     let w = writes(&effects);
     assert_eq!(w.len(), 1, "{effects:?}");
-    assert_eq!((&w[0].key, &w[0].used), (&second(), &list(&[(CM, "3")])));
+    assert_eq!((&w[0].key, &w[0].used), (&second(), &list(&[(CM, "2")])));
     assert_eq!(w[0].precondition.as_deref(), Some("31"));
 }
 
-/// Since the quota's own write waits for the count, only someone else's change of the quota
-/// leaves a count behind it, and the simulator found no seed in 95,000 where a stale count
-/// vouching writes below the truth: the rule is checked here instead, by the test above.
+/// Since the quota's own write waits for the list, only someone else's change of the quota
+/// leaves a list behind it: the rule is checked here, by the test above.
 #[test]
-fn mutation_a_count_older_than_the_quota_vouching_is_caught() {
-    crate::mutation::set(Some(crate::mutation::Mutation::StaleCount));
+fn mutation_a_list_older_than_the_quota_proving_is_caught() {
+    crate::mutation::set(Some(crate::mutation::Mutation::StaleProof));
     let result = std::panic::catch_unwind(
-        a_count_left_behind_by_a_change_of_the_quota_vouches_for_nothing_and_is_asked_again,
+        a_list_left_behind_by_a_change_of_the_quota_proves_nothing_and_is_asked_again,
     );
     crate::mutation::set(None);
     assert!(
         result.is_err(),
-        "a count older than the quota vouched, and the test passed"
+        "a list older than the quota proved, and the test passed"
     );
 }
 
 #[test]
-fn a_new_key_on_a_quiet_watch_whose_count_failed_waits_out_the_settling_time() {
+fn a_new_key_on_a_quiet_watch_whose_list_failed_waits_for_its_watch() {
     let (mut h, _) = written_at_20();
     let effects = second_quota_on_a_quiet_watch(&mut h);
-    assert_eq!(counts_asked(&effects).len(), 1);
-    h.feed(Input::Counted {
-        key: second(),
-        resource: GroupResource::core("configmaps"),
-        namespace: Some("ns".into()),
-        result: Err("list: 403".into()),
-    });
+    assert_eq!(lists_asked(&effects).len(), 1);
+    h.feed(failed_for(second()));
     // The failure ends the wait: status.hard is written at once, without the held key
     // (admission then refuses what would charge it).
     let effects = h.tick(1);
@@ -429,34 +488,33 @@ fn a_new_key_on_a_quiet_watch_whose_count_failed_waits_out_the_settling_time() {
     assert_eq!(w.len(), 1, "{effects:?}");
     assert!(w[0].used.is_empty() && w[0].hard.contains_key(CM), "{:?}", w[0]);
     assert!(
-        counts_asked(&effects).is_empty(),
-        "a failure is not retried: {effects:?}"
+        lists_asked(&effects).is_empty(),
+        "a failure is not retried at its version: {effects:?}"
     );
-    // The quota watch delivers the write: the quota is computed again.
+    // The quota watch delivers the write: at its new version a list is asked again, and the
+    // key is written once it matches.
     second_written_at_31(&mut h, w[0]);
-    let effects = h.tick(1);
-    assert!(writes(&effects).is_empty(), "the key is held: {effects:?}");
-    assert!(
-        counts_asked(&effects).is_empty(),
-        "nor asked again at the version the write made: {effects:?}"
-    );
     let effects = h.tick(crate::lowering::SETTLE_MS);
+    assert!(writes(&effects).is_empty(), "the key is held: {effects:?}");
+    assert_eq!(lists_asked(&effects).len(), 1, "{effects:?}");
+    let effects = [h.feed(listed_for(second(), 31, 2, 3)), h.tick(1)].concat();
     let w = writes(&effects);
     assert_eq!(w.len(), 1, "{effects:?}");
     assert_eq!(w[0].used, list(&[(CM, "2")]));
+    // Had it failed again, the key admission never charged would wait for its watch.
 }
 
 #[test]
-fn a_count_that_never_answers_holds_the_write_no_longer_than_the_settling_time_and_the_key_waits_for_its_own()
+fn a_list_that_never_answers_holds_the_write_no_longer_than_the_settling_time_and_the_key_waits_for_its_own()
 {
     let (mut h, _) = written_at_20();
     second_quota_on_a_quiet_watch(&mut h);
     assert!(
         writes(&h.tick(crate::lowering::SETTLE_MS - 10)).is_empty(),
-        "still settling, the count in flight"
+        "still settling, the list in flight"
     );
-    // Settled: the write goes, status.hard gains the key; its value waits for the watch
-    // still, as admission has never charged it ...
+    // Settled: the write goes, status.hard gains the key; its value waits for the watch,
+    // as admission has never charged it.
     let effects = h.tick(10);
     let w = writes(&effects);
     assert_eq!(w.len(), 1, "{effects:?}");
@@ -464,13 +522,17 @@ fn a_count_that_never_answers_holds_the_write_no_longer_than_the_settling_time_a
     assert!(w[0].hard.contains_key(CM) && w[0].used.is_empty(), "{:?}", w[0]);
     assert_eq!(w[0].precondition.as_deref(), Some("30"));
     second_written_at_31(&mut h, w[0]);
-    // ... and is written once the settling time that write started is over (computed again
-    // then, with no other event to wake it).
-    let effects = [
-        h.tick(crate::lowering::SETTLE_MS),
-        h.tick(crate::lowering::SETTLE_MS),
-    ]
-    .concat();
+    // The watch delivers past the quota (an object added and deleted): written from it.
+    let id = h.watch_id();
+    h.feed(Input::Watch {
+        id,
+        item: Item::Apply(configmap("c", 32)),
+    });
+    h.feed(Input::Watch {
+        id,
+        item: Item::Delete(configmap("c", 33)),
+    });
+    let effects = h.tick(1);
     let w = writes(&effects);
     assert_eq!(w.len(), 1, "{effects:?}");
     assert_eq!((&w[0].key, &w[0].used), (&second(), &list(&[(CM, "2")])));
@@ -478,9 +540,9 @@ fn a_count_that_never_answers_holds_the_write_no_longer_than_the_settling_time_a
 }
 
 #[test]
-fn a_count_does_not_vouch_for_a_key_to_be_lowered() {
-    // The first quota's key lowered on a quiet watch (a late delete) stays held: its stored
-    // value was charged by admission, and a charge's object may land after any list.
+fn a_key_lowered_on_a_quiet_watch_is_written_once_a_list_proves_the_store() {
+    // The first quota's key lowered on a quiet watch (a late delete, behind the quota at 20):
+    // a list at 20 holding the one object left, the newest stored at 2, proves the store.
     let (mut h, _) = written_at_20();
     let id = h.watch_id();
     h.feed(Input::Watch {
@@ -489,16 +551,63 @@ fn a_count_does_not_vouch_for_a_key_to_be_lowered() {
     });
     let effects = h.tick(1);
     assert!(writes(&effects).is_empty(), "held");
+    let key = key();
+    assert_eq!(lists_asked(&effects), vec![(&key, "configmaps", Some("ns"))]);
+    let effects = [h.feed(listed_for(self::key(), 20, 1, 2)), h.tick(1)].concat();
+    let w = writes(&effects);
+    assert_eq!(w.len(), 1, "{effects:?}");
+    assert_eq!(w[0].used, list(&[(CM, "1")]));
+}
+
+#[test]
+fn a_key_lowered_long_after_the_quotas_last_change_still_waits_for_its_watch() {
+    // The quota moved on to 30 (another writer), long settled; then a delete the watch
+    // delivers late (at 4): objects stored before 30 may not have reached the watch.
+    let (mut h, w) = written_at_20();
+    h.feed(Input::Quota(QuotaEvent::Applied(written(&w, 30))));
+    h.tick(2 * crate::lowering::SETTLE_MS);
+    let id = h.watch_id();
+    h.feed(Input::Watch {
+        id,
+        item: Item::Delete(configmap("b", 4)),
+    });
+    let effects = h.tick(1);
+    assert!(writes(&effects).is_empty(), "held: {effects:?}");
+    assert_eq!(lists_asked(&effects).len(), 1, "{effects:?}");
+}
+
+/// The simulator's seeds do not find these two in 3,000 (their shape needs a lowering
+/// computed, after the settling time, while a watch is behind an object admitted uncharged):
+/// the rules are checked here instead.
+#[test]
+fn mutation_catch_up_only_while_settling_is_caught() {
+    crate::mutation::set(Some(crate::mutation::Mutation::CatchUpOnlyWhileSettling));
+    let result =
+        std::panic::catch_unwind(a_key_lowered_long_after_the_quotas_last_change_still_waits_for_its_watch);
+    crate::mutation::set(None);
     assert!(
-        !effects.iter().any(|e| matches!(e, Effect::CountObjects { .. })),
-        "no count asked for a key admission maintains: {effects:?}"
+        result.is_err(),
+        "lowered without the watch caught up, and the test passed"
+    );
+}
+
+#[test]
+fn mutation_a_key_unenforced_after_the_settling_time_is_caught() {
+    crate::mutation::set(Some(crate::mutation::Mutation::UnenforcedAfterSettling));
+    let result = std::panic::catch_unwind(
+        a_key_the_status_lacks_waits_for_its_watches_even_once_the_quota_has_settled,
+    );
+    crate::mutation::set(None);
+    assert!(
+        result.is_err(),
+        "a key never charged written without its watch, and the test passed"
     );
 }
 
 #[test]
 fn a_key_the_status_lacks_waits_for_its_watches_even_once_the_quota_has_settled() {
     // A key added to a settled quota (`configmaps`, counted by the quiet ConfigMap watch);
-    // its count fails, so status.hard is written at once without it, and that write meets a
+    // its list fails, so status.hard is written at once without it, and that write meets a
     // conflict. The write that follows comes after the settling time, and status.hard still
     // lacks the key: admission has charged nothing to it, so an object stored before the
     // quota's version may not have reached the watch. Its first value waits for the watch.
@@ -508,17 +617,12 @@ fn a_key_the_status_lacks_waits_for_its_watches_even_once_the_quota_has_settled(
     let mut changed = quota(30, &hard, Some(&[(CM, "2")]));
     changed.status.as_mut().unwrap().hard = Some(list(&[(CM, "10")]));
     let effects = [h.feed(Input::Quota(QuotaEvent::Applied(changed))), h.tick(1)].concat();
-    assert_eq!(counts_asked(&effects).len(), 1, "{effects:?}");
+    assert_eq!(lists_asked(&effects).len(), 1, "{effects:?}");
     assert!(
         writes(&effects).is_empty(),
-        "the write waits for the count: {effects:?}"
+        "the write waits for the list: {effects:?}"
     );
-    h.feed(Input::Counted {
-        key: key(),
-        resource: GroupResource::core("configmaps"),
-        namespace: Some("ns".into()),
-        result: Err("list: 500".into()),
-    });
+    h.feed(failed_for(key()));
     let effects = h.tick(1);
     let w = writes(&effects);
     assert_eq!(w.len(), 1, "{effects:?}");

@@ -10,7 +10,7 @@ impl World {
         let quotas: Vec<crate::model::Quota> = self.server.quotas.values().cloned().collect();
         for q in &quotas {
             for key in q.hard.keys() {
-                let truth = self.server.stored(&q.namespace, key);
+                let truth = self.server.stored(&q.namespace, &q.name, key);
                 let used = q.used.as_ref().and_then(|u| u.get(key)).and_then(|v| milli(v));
                 if used != Some(truth) {
                     self.violation(format!(

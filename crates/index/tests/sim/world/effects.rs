@@ -41,7 +41,8 @@ impl World {
                         namespace,
                         listed: Ok(Vec::new()),
                     };
-                    self.at(delay, Ev::ServeFill { input });
+                    let epoch = self.epoch;
+                    self.at(delay, Ev::ServeFill { input, epoch });
                 }
                 Effect::Discover { cluster, groups } => {
                     let result = if self.main && self.rng.percent(10) {
@@ -50,7 +51,12 @@ impl World {
                     } else if !self.serves(cluster.as_str()) {
                         Err("discovery: 403".to_owned())
                     } else {
-                        let mut types = vec![served(Res::ConfigMaps), served(Res::Pods)];
+                        let mut types = vec![
+                            served(Res::ConfigMaps),
+                            served(Res::Pods),
+                            served(Res::Services),
+                            served(Res::Pvcs),
+                        ];
                         if self
                             .kcp
                             .as_ref()
@@ -84,7 +90,10 @@ impl World {
                         })
                     };
                     let delay = self.rng.range(2, 50);
-                    self.at(delay, Ev::Answer(Input::Discovered { cluster, result }));
+                    self.at(
+                        delay,
+                        Ev::Answer(self.epoch, Input::Discovered { cluster, result }),
+                    );
                 }
                 Effect::WriteStatus(write) if self.shadow => {
                     self.violation(format!("shadow: lazyquota wrote the status of {}", write.key));
@@ -101,7 +110,8 @@ impl World {
                         WriteFault::None
                     };
                     let delay = self.rng.range(1, 20);
-                    self.at(delay, Ev::ServerWrite { write, fault });
+                    let epoch = self.epoch;
+                    self.at(delay, Ev::ServerWrite { write, fault, epoch });
                 }
                 Effect::ReadQuota(key) => {
                     let result = if self.serves(key.cluster.as_str()) {
@@ -120,9 +130,9 @@ impl World {
                         })
                     };
                     let delay = self.rng.range(1, 20);
-                    self.at(delay, Ev::Answer(Input::Read { key, result }));
+                    self.at(delay, Ev::Answer(self.epoch, Input::Read { key, result }));
                 }
-                Effect::CountObjects {
+                Effect::ListForProof {
                     key,
                     served,
                     namespace,
@@ -133,10 +143,11 @@ impl World {
                     let resource = served.resource;
                     self.at(
                         delay,
-                        Ev::ServeCount {
+                        Ev::ServeProofList {
                             key,
                             resource,
                             namespace,
+                            epoch: self.epoch,
                         },
                     );
                 }

@@ -169,7 +169,7 @@ impl World {
             self.fired("binding");
             let lag = self.lag();
             let input = Input::ApiChanged(Some(ClusterName::new(cluster)));
-            self.at(lag, Ev::Answer(input));
+            self.at(lag, Ev::Answer(self.epoch, input));
         }
     }
 

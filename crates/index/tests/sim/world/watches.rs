@@ -2,9 +2,18 @@
 //! relists, and the lists filling a namespace.
 
 use k8s_openapi::{
-    api::core::v1::{Container, Pod, PodSpec, PodStatus, ResourceRequirements},
-    apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::ObjectMeta},
+    api::core::v1::{
+        Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, PodSpec, PodStatus,
+        ResourceRequirements, Service, ServicePort, ServiceSpec, VolumeResourceRequirements,
+    },
+    apimachinery::pkg::{
+        api::resource::Quantity,
+        apis::meta::v1::{ObjectMeta, Time},
+    },
 };
+use lazyquota_quota::{PvcProjection, ServiceProjection};
+
+use crate::model::SvcType;
 
 use lazyquota_index::reconciler::{SharedEvent, SharedObject};
 
@@ -77,26 +86,80 @@ impl World {
         let delay = self.rng.range(1, 10);
         self.at(
             delay,
-            Ev::Answer(Input::Filled {
-                key,
-                namespace,
-                listed,
-            }),
+            Ev::Answer(
+                self.epoch,
+                Input::Filled {
+                    key,
+                    namespace,
+                    listed,
+                },
+            ),
         );
     }
 
     pub(super) fn project(&self, obj: &Obj, need: Need) -> Projected {
-        if obj.res != Res::Pods || need == Need::Count {
+        if need == Need::Count {
             return Projected::Meta;
         }
+        let metadata = ObjectMeta {
+            name: Some(obj.name.clone()),
+            namespace: Some(split(&obj.namespace).1.to_owned()),
+            ..ObjectMeta::default()
+        };
+        match obj.res {
+            Res::Pods => Projected::Pod(self.pod(obj, metadata)),
+            Res::Services => {
+                let type_ = match obj.svc {
+                    SvcType::ClusterIp => "ClusterIP",
+                    SvcType::NodePort => "NodePort",
+                    SvcType::LoadBalancer => "LoadBalancer",
+                };
+                let service = Service {
+                    metadata,
+                    spec: Some(ServiceSpec {
+                        type_: Some(type_.into()),
+                        ports: Some(vec![ServicePort {
+                            port: 80,
+                            ..ServicePort::default()
+                        }]),
+                        ..ServiceSpec::default()
+                    }),
+                    status: None,
+                };
+                Projected::Service(ServiceProjection::from_service(&service))
+            }
+            Res::Pvcs => {
+                let requests =
+                    BTreeMap::from([("storage".to_owned(), Quantity(format!("{}Gi", obj.storage_gi)))]);
+                let pvc = PersistentVolumeClaim {
+                    metadata,
+                    spec: Some(PersistentVolumeClaimSpec {
+                        resources: Some(VolumeResourceRequirements {
+                            requests: Some(requests),
+                            ..VolumeResourceRequirements::default()
+                        }),
+                        ..PersistentVolumeClaimSpec::default()
+                    }),
+                    status: None,
+                };
+                Projected::Pvc(PvcProjection::from_pvc(&pvc, &self.interner).projection)
+            }
+            Res::ConfigMaps | Res::Widgets => Projected::Meta,
+        }
+    }
+
+    /// A pod of the model as the apiserver serves it: its CPU request, its deadline, its phase
+    /// and its deletion.
+    fn pod(&self, obj: &Obj, mut metadata: ObjectMeta) -> PodProjection {
         let requests = BTreeMap::from([("cpu".to_owned(), Quantity(format!("{}m", obj.cpu_m)))]);
+        if let Some(at) = obj.deleting_ms {
+            metadata.deletion_timestamp = Some(Time(Self::wall(at)));
+            metadata.deletion_grace_period_seconds = Some((crate::model::GRACE_MS / 1000).cast_signed());
+        }
         let pod = Pod {
-            metadata: ObjectMeta {
-                name: Some(obj.name.clone()),
-                namespace: Some(split(&obj.namespace).1.to_owned()),
-                ..ObjectMeta::default()
-            },
+            metadata,
             spec: Some(PodSpec {
+                active_deadline_seconds: obj.deadline.then_some(30),
                 containers: vec![Container {
                     name: "c".into(),
                     resources: Some(ResourceRequirements {
@@ -108,11 +171,11 @@ impl World {
                 ..PodSpec::default()
             }),
             status: Some(PodStatus {
-                phase: Some("Running".into()),
+                phase: Some(if obj.terminal { "Succeeded" } else { "Running" }.into()),
                 ..PodStatus::default()
             }),
         };
-        Projected::Pod(PodProjection::from_pod(&pod, FeatureGates::default(), &self.interner).projection)
+        PodProjection::from_pod(&pod, FeatureGates::default(), &self.interner).projection
     }
 
     /// An object's event, naming its place (made what the apiserver sends on delivery).
@@ -128,7 +191,12 @@ impl World {
     // ---- watches ----------------------------------------------------------------------------
 
     pub(super) fn lag(&mut self) -> u64 {
-        if self.rng.percent(10) {
+        if self.wide && self.rng.percent(40) {
+            // A watch behind by hundreds of milliseconds: the store lags the quotas for long
+            // enough to matter, though within the settling time (what a list that fails or
+            // goes unanswered falls back on).
+            self.rng.range(200, 450)
+        } else if self.rng.percent(10) {
             self.rng.range(30, 150)
         } else {
             self.rng.range(0, 30)
