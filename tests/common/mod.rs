@@ -70,6 +70,14 @@ pub fn controller_as(
 ) -> SnapshotHandle {
     CONTROLLER
         .get_or_init(|| {
+            // `LAZYQUOTA_TEST_LOG=<filter>` prints the controller's log (a failing test's
+            // decisions), as `RUST_LOG` does for `lazyquota run`.
+            if let Ok(filter) = std::env::var("LAZYQUOTA_TEST_LOG") {
+                let _ = tracing_subscriber::fmt()
+                    .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                    .with_writer(std::io::stderr)
+                    .try_init();
+            }
             let cp = ControlPlane::get(flavor);
             let (tx, rx) = std::sync::mpsc::channel();
             std::thread::spawn(move || {

@@ -99,6 +99,12 @@ pub struct Charge {
     /// its objects are stored after it (unknown: `None`, then never paid and never taken as
     /// certainly unseen).
     pub revision: Option<u64>,
+    /// The quota's resourceVersion before it: the charge was made after it, so its objects
+    /// are stored after it, and an arrival after it may pay it. The same as `revision` for a
+    /// charge one event brought; older where a jump of the view (a relist, a fresh read, a
+    /// late write response) brought several charges at once, whose objects may have arrived
+    /// before the jump's version already.
+    pub since: Option<u64>,
     /// The keys raised.
     pub raised: Vec<Raise>,
     /// Whether older charges were merged into it ([`MAX_CHARGES`]): it is then not one
@@ -191,17 +197,36 @@ impl Ledger {
         now_ms: u64,
         bound_ms: u64,
     ) {
+        self.note_since(raised, revision, revision, now_ms, bound_ms);
+    }
+
+    /// [`Ledger::note`] for what a jump of the quota's view from `since` to `revision` (a
+    /// relist, a fresh read, a late write response) brought: the charges were made after
+    /// `since`, and arrivals after it may pay them ([`Charge::since`]).
+    pub fn note_since(
+        &mut self,
+        raised: Vec<(String, Quantity)>,
+        revision: Option<u64>,
+        since: Option<u64>,
+        now_ms: u64,
+        bound_ms: u64,
+    ) {
         self.expire(now_ms, bound_ms);
         if raised.is_empty() {
             return;
         }
+        let since = match (since, revision) {
+            (Some(s), Some(r)) => Some(s.min(r)),
+            _ => revision,
+        };
         let mut charge = Charge {
             at_ms: now_ms,
             revision,
+            since,
             raised: raised.into_iter().map(|(k, by)| Raise::new(k, by)).collect(),
             merged: false,
         };
-        if let Some(c) = revision {
+        if let Some(c) = since {
             for credit in self.credits.iter_mut().filter(|cr| cr.revision > c) {
                 for raise in &mut charge.raised {
                     spend(raise, credit);
@@ -299,7 +324,7 @@ impl Ledger {
             .charges
             .iter_mut()
             .rev()
-            .filter(|c| c.revision.is_some_and(|c| c < revision))
+            .filter(|c| c.since.is_some_and(|c| c < revision))
         {
             for raise in &mut charge.raised {
                 paid_any |= spend(raise, &mut credit);
@@ -358,6 +383,7 @@ impl Ledger {
             let next = &mut self.charges[0];
             next.raised.extend(oldest.raised);
             next.revision = next.revision.max(oldest.revision);
+            next.since = next.since.max(oldest.since);
             next.merged = true;
         }
     }

@@ -48,8 +48,8 @@ pub struct Held {
 /// key still owe — the charges seen on **any** quota of the quota's namespace (`charges`: they
 /// are charges for objects of that namespace, which this quota counts too, whether it was
 /// charged or created a moment later) — and no higher than the stored value, where there is
-/// one, except for the charges made at or after `observed` (the highest resourceVersion the
-/// watches feeding the quota delivered): their objects are certainly not counted yet, so what
+/// one, except for the charges made at or after `observed(key)` (how far the watches the key
+/// is computed from have delivered): their objects are certainly not counted yet, so what
 /// they owe is added whatever is stored. A key with no stored value (a quota or key just
 /// added) is written at the floor, or left out (admission then refuses what would charge it:
 /// closed, not open) if a charge's amount is unknown. Clears `dirty` when nothing is left to
@@ -63,7 +63,7 @@ pub struct Held {
 pub fn hold_lowering(
     state: &QuotaState,
     charges: &[&Charge],
-    observed: u64,
+    observed: &dyn Fn(&str) -> u64,
     kept: &[String],
     decision: &mut StatusDecision,
     bound_ms: u64,
@@ -93,6 +93,7 @@ pub fn hold_lowering(
         };
         // Everything still owed (perhaps counted already) and what is certainly not counted.
         let (mut all, mut unseen) = (counted.clone(), counted.clone());
+        let observed = observed(key);
         let mut until_ms = None;
         for charge in &owing {
             // Carried (the stored value at first sight) is within the stored value: never
@@ -296,7 +297,7 @@ mod tests {
         // 24 counted; 3 charged at 10.0 s (revision 10) and 2 at 10.2 s (revision 20).
         let mut state = state(&[(CM, "30"), ("pods", "2")], &[(10_000, 10, 3), (10_200, 20, 2)]);
         let mut d = decision(&[(CM, "24"), ("pods", "2")]);
-        let held = hold_lowering(&state, &own(&state), 0, &[], &mut d, BOUND).expect("held");
+        let held = hold_lowering(&state, &own(&state), &|_| 0, &[], &mut d, BOUND).expect("held");
         assert_eq!(held.keys, vec![CM.to_owned()]);
         assert_eq!(held.until_ms, 10_000 + BOUND, "the first charge's bound");
         assert_eq!(d.used[CM].0, "29", "24 + 3 + 2");
@@ -305,13 +306,16 @@ mod tests {
         // Two ConfigMaps stored after both charges arrive: they pay the newest charge first.
         state.ledger.account(21, 0, cm(2));
         let mut d = decision(&[(CM, "24"), ("pods", "2")]);
-        hold_lowering(&state, &own(&state), 0, &[], &mut d, BOUND).expect("held");
+        hold_lowering(&state, &own(&state), &|_| 0, &[], &mut d, BOUND).expect("held");
         assert_eq!(d.used[CM].0, "27", "24 + the first charge's 3");
 
         // The rest arrive: written as counted, however recent the charges.
         state.ledger.account(22, 0, cm(3));
         let mut d = decision(&[(CM, "24"), ("pods", "2")]);
-        assert_eq!(hold_lowering(&state, &own(&state), 0, &[], &mut d, BOUND), None);
+        assert_eq!(
+            hold_lowering(&state, &own(&state), &|_| 0, &[], &mut d, BOUND),
+            None
+        );
         assert_eq!(d.used[CM].0, "24");
     }
 
@@ -321,12 +325,15 @@ mod tests {
         // An object stored before the charge pays nothing.
         state.ledger.account(9, 0, cm(1));
         let mut d = decision(&[(CM, "24"), ("pods", "2")]);
-        hold_lowering(&state, &own(&state), 0, &[], &mut d, BOUND).expect("held");
+        hold_lowering(&state, &own(&state), &|_| 0, &[], &mut d, BOUND).expect("held");
         assert_eq!(d.used[CM].0, "25");
         // Past the bound it goes: its create failed after admission, or outlived its request.
         state.ledger.expire(10_000 + BOUND, BOUND);
         let mut d = decision(&[(CM, "24"), ("pods", "2")]);
-        assert_eq!(hold_lowering(&state, &own(&state), 0, &[], &mut d, BOUND), None);
+        assert_eq!(
+            hold_lowering(&state, &own(&state), &|_| 0, &[], &mut d, BOUND),
+            None
+        );
         assert_eq!(d.used[CM].0, "24");
     }
 
@@ -335,7 +342,7 @@ mod tests {
         // The watches are past the charge (at 10): its object may be counted already.
         let state = state(&[(CM, "30"), ("pods", "2")], &[(10_000, 10, 8)]);
         let mut d = decision(&[(CM, "28"), ("pods", "2")]);
-        hold_lowering(&state, &own(&state), 11, &[], &mut d, BOUND).expect("held");
+        hold_lowering(&state, &own(&state), &|_| 11, &[], &mut d, BOUND).expect("held");
         assert_eq!(d.used[CM].0, "30", "28 + 8 is past what admission charged");
         assert!(!d.dirty, "nothing else to write");
     }
@@ -345,14 +352,14 @@ mod tests {
         let charged = state(&[(CM, "30"), ("pods", "5")], &[(10_000, 10, 1)]);
         let mut d = decision(&[(CM, "31"), ("pods", "3")]);
         assert_eq!(
-            hold_lowering(&charged, &own(&charged), 11, &[], &mut d, BOUND),
+            hold_lowering(&charged, &own(&charged), &|_| 11, &[], &mut d, BOUND),
             None
         );
         assert_eq!((d.used[CM].0.as_str(), d.used["pods"].0.as_str()), ("31", "3"));
         let uncharged = state(&[(CM, "30"), ("pods", "2")], &[]);
         let mut d = decision(&[(CM, "1"), ("pods", "2")]);
         assert_eq!(
-            hold_lowering(&uncharged, &own(&uncharged), 0, &[], &mut d, BOUND),
+            hold_lowering(&uncharged, &own(&uncharged), &|_| 0, &[], &mut d, BOUND),
             None
         );
         assert_eq!(d.used[CM].0, "1");
@@ -364,7 +371,7 @@ mod tests {
         // charge at 85 is for an object stored after 85, and the watches delivered up to 80.
         let state = state(&[(CM, "5"), ("pods", "2")], &[(1_000, 85, 1)]);
         let mut d = decision(&[(CM, "5"), ("pods", "2")]);
-        let held = hold_lowering(&state, &own(&state), 80, &[], &mut d, BOUND).expect("held");
+        let held = hold_lowering(&state, &own(&state), &|_| 80, &[], &mut d, BOUND).expect("held");
         assert_eq!(held.keys, vec![CM.to_owned()]);
         assert_eq!(d.used[CM].0, "6");
         assert!(d.dirty);
@@ -373,18 +380,21 @@ mod tests {
         let mut stored_7 = self::state(&[(CM, "7"), ("pods", "2")], &[]);
         stored_7.ledger.clone_from(&state.ledger);
         let mut d = decision(&[(CM, "5"), ("pods", "2")]);
-        hold_lowering(&stored_7, &own(&stored_7), 80, &[], &mut d, BOUND).expect("held");
+        hold_lowering(&stored_7, &own(&stored_7), &|_| 80, &[], &mut d, BOUND).expect("held");
         assert_eq!(d.used[CM].0, "6");
         // A watch past 85 may have delivered it: capped at the stored value, as counted.
         let mut d = decision(&[(CM, "5"), ("pods", "2")]);
-        assert_eq!(hold_lowering(&state, &own(&state), 86, &[], &mut d, BOUND), None);
+        assert_eq!(
+            hold_lowering(&state, &own(&state), &|_| 86, &[], &mut d, BOUND),
+            None
+        );
         assert_eq!(d.used[CM].0, "5");
 
         // Kept (its watch not synced, so the decision carries the stored 5): the charge at 85
         // is in the stored 5 already — the view is at or past it, or the write conflicts.
         let mut d = decision(&[(CM, "5"), ("pods", "2")]);
         assert_eq!(
-            hold_lowering(&state, &own(&state), 80, &[CM.to_owned()], &mut d, BOUND),
+            hold_lowering(&state, &own(&state), &|_| 80, &[CM.to_owned()], &mut d, BOUND),
             None
         );
         assert_eq!(d.used[CM].0, "5");
@@ -394,7 +404,10 @@ mod tests {
     fn equal_values_in_other_forms_are_not_lower() {
         let state = state(&[(CM, "30"), ("pods", "2")], &[(5, 1, 1)]);
         let mut d = decision(&[(CM, "30000m"), ("pods", "2")]);
-        assert_eq!(hold_lowering(&state, &own(&state), 2, &[], &mut d, BOUND), None);
+        assert_eq!(
+            hold_lowering(&state, &own(&state), &|_| 2, &[], &mut d, BOUND),
+            None
+        );
     }
 
     #[test]
@@ -405,7 +418,7 @@ mod tests {
         // Nothing pays an unknown amount.
         state.ledger.account(8, 0, cm(50));
         let mut d = decision(&[(CM, "2"), ("pods", "2")]);
-        hold_lowering(&state, &own(&state), 0, &[], &mut d, BOUND).expect("held");
+        hold_lowering(&state, &own(&state), &|_| 0, &[], &mut d, BOUND).expect("held");
         assert_eq!(d.used[CM].0, "30");
     }
 

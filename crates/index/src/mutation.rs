@@ -33,7 +33,8 @@ pub enum Mutation {
     SharesRejoinFailedWatch,
     /// Found by the simulator once tenants label quotas: once the settling time is over, a
     /// key the stored `status.hard` lacks (never charged by admission) is written for the
-    /// first time without waiting for its watches, though its first write came late.
+    /// first time without waiting for its watches, though its first write came late (now:
+    /// the settling time ends its wait when the list proving its watch fails).
     UnenforcedAfterSettling,
     /// Found by reading a failed kcp e2e run's etcd: a status write's own event, come before
     /// its response, is taken for admission's charge and added on top of a later count.

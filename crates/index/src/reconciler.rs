@@ -67,6 +67,12 @@ pub const CLUSTER_ANNOTATION: &str = "kcp.io/cluster";
 /// How long after someone else changed a quota's status.used the quota is checked again.
 pub const STATUS_RECHECK_DELAY: Duration = Duration::from_secs(5);
 
+/// After a status write conflicted and the quota watch has brought nothing newer yet, how long
+/// its newer version is waited for before the quota is read afresh: the watch brings it in
+/// milliseconds, and a read jumps over the versions in between, whose charges are then noted
+/// at the read's version (paid only by objects stored after it).
+pub const CONFLICT_WAIT: Duration = Duration::from_secs(1);
+
 /// A status write in flight this long no longer counts against the concurrency: a write that
 /// hangs (until its request deadline) must not hold back the other quotas' writes.
 pub const WRITE_STALL: Duration = Duration::from_secs(5);
@@ -197,6 +203,9 @@ pub struct Reconciler {
     writing: HashMap<QuotaKey, Instant>,
     /// When each open watch was opened (its first list's grace).
     opened: HashMap<u64, Instant>,
+    /// Quotas whose write conflicted, waiting until then for the quota watch to bring the
+    /// newer version ([`CONFLICT_WAIT`]).
+    conflicted: HashMap<QuotaKey, Instant>,
     /// kcp: the shard's shared watches.
     hub: Hub,
     /// When watches failed after their sync are reopened (by watch id).
@@ -237,6 +246,7 @@ impl Reconciler {
             members: BTreeMap::new(),
             writing: HashMap::new(),
             opened: HashMap::new(),
+            conflicted: HashMap::new(),
             hub: Hub::new(shared_threshold, settings.shared_buffer.max(1)),
             restarts: Restarts::default(),
             quota_relist: None,

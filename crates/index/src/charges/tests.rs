@@ -196,6 +196,7 @@ fn a_late_responses_raise_is_noted_only_beyond_the_charges_its_events_brought() 
     let at = |revision, by| Charge {
         at_ms: 100,
         revision: Some(revision),
+        since: Some(revision),
         raised: vec![Raise::new(CM.to_owned(), Quantity::from_count(by))],
         merged: false,
     };
@@ -242,4 +243,24 @@ fn raises_are_read_key_by_key() {
     assert_eq!(got, want.map(|(k, v)| (k.to_owned(), v.to_owned())));
     let odd = raised(None::<&QuantityList>, Some(&list(&[(CM, "not-a-quantity")])));
     assert!(odd[0].1.is_unknown());
+}
+
+#[test]
+fn charges_a_jump_of_the_view_brought_are_paid_by_arrivals_after_where_it_jumped_from() {
+    let mut ledger = Ledger::default();
+    // A fresh read jumped from 10 to 20 over two charges; their objects were stored at 12
+    // and 15, before the read, and arrive now.
+    ledger.note_since(cm(2), Some(20), Some(10), 0, BOUND);
+    ledger.account(12, 20, cm(1));
+    ledger.account(15, 20, cm(1));
+    assert_eq!(
+        owed(&ledger),
+        "0",
+        "paid by objects stored after the view it jumped from"
+    );
+    // One event's charge at 20 is paid only by an object stored after 20.
+    let mut ledger = Ledger::default();
+    ledger.note(cm(1), Some(20), 0, BOUND);
+    ledger.account(15, 20, cm(1));
+    assert_eq!(owed(&ledger), "1");
 }

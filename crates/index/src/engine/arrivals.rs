@@ -110,7 +110,7 @@ impl Engine {
                     .ledger
                     .charges
                     .iter()
-                    .any(|c| c.revision.is_some_and(|r| r < revision) && c.is_owed());
+                    .any(|c| c.since.is_some_and(|r| r < revision) && c.is_owed());
                 (owes_before || view < revision).then(|| (key.clone(), view))
             })
             .collect();
@@ -131,7 +131,9 @@ impl Engine {
             }
             let grew = arrived(&evaluator, &keys, &state.spec.scopes);
             if !grew.is_empty() {
-                paid |= state.ledger.account(revision, view, grew);
+                let paid_now = state.ledger.account(revision, view, grew);
+                tracing::debug!(quota = %key, revision, view, paid = paid_now, credits = state.ledger.credits.len(), "arrival");
+                paid |= paid_now;
             }
         }
         paid

@@ -329,9 +329,25 @@ impl Engine {
         now_ms: u64,
         bound_ms: u64,
     ) {
+        self.note_jump(key, raised, None, now_ms, bound_ms);
+    }
+
+    /// [`Engine::note_charge`] for what a jump of the view from resourceVersion `since` (a
+    /// relist, a fresh read, a late write response) brought ([`crate::charges::Charge::since`]);
+    /// `None`: one event's.
+    pub fn note_jump(
+        &mut self,
+        key: &QuotaKey,
+        raised: Vec<(String, Quantity)>,
+        since: Option<u64>,
+        now_ms: u64,
+        bound_ms: u64,
+    ) {
         if let Some(state) = self.index.payload_mut(key) {
             let revision = state.resource_version.as_deref().and_then(|rv| rv.parse().ok());
-            state.ledger.note(raised, revision, now_ms, bound_ms);
+            state
+                .ledger
+                .note_since(raised, revision, since.or(revision), now_ms, bound_ms);
         }
     }
 
@@ -354,7 +370,7 @@ impl Engine {
             }
             _ => raised,
         };
-        self.note_charge(key, raised, now_ms, bound_ms);
+        self.note_jump(key, raised, written, now_ms, bound_ms);
     }
 
     /// Notes what a quota new to lazyquota holds, seen at `now_ms`

@@ -159,6 +159,7 @@ impl Reconciler {
         for (cluster, keyed) in by_cluster {
             let reset = self.engine.reset_quotas(&cluster, keyed);
             changes.extend(reset.changes);
+            // Noted at the relist's version, as a fresh read's jump is (see `apply_quota_from`).
             for (key, by) in reset.raised {
                 self.engine.note_charge(&key, by, at, self.bound_ms());
             }
@@ -209,6 +210,7 @@ impl Reconciler {
         let name = key.to_string();
         self.books.forget_quotas(|q| q == name);
         self.proofs.forget(key);
+        self.conflicted.remove(key);
     }
 
     pub(super) fn apply_quota(&mut self, quota: &ResourceQuota, now: Now) {
@@ -235,10 +237,32 @@ impl Reconciler {
             debug!(quota = %key, uid = ?quota.metadata.uid, "another object under a known quota's name; nothing of the old one carries over");
             self.forget_books(&key);
         }
+        // Charges first: credits of arrivals before the new version may pay them.
+        if !update.carried.is_empty()
+            && !crate::mutation::active(crate::mutation::Mutation::LateObjectNotCounted)
+        {
+            // New to lazyquota with a status: charges made before it watched may be in it.
+            let at = self.ms(now.instant);
+            self.engine
+                .note_carried(&key, update.carried, at, self.bound_ms());
+        }
+        if !update.raised.is_empty() {
+            // Someone else raised status.used (admission charging creates): until objects pay
+            // it, no key of it is lowered below what is counted plus this (crate::charges).
+            let at = self.ms(now.instant);
+            // A fresh read's jump over versions the watch has not delivered is noted at its
+            // version: objects stored before it may be counted already, so only arrivals
+            // after it pay it (or the bound drops it) — higher for a while, never lower.
+            self.engine.note_charge(&key, update.raised, at, self.bound_ms());
+        }
         if quota.metadata.resource_version != before {
             // A change (our own write's echo is recorded already).
             let at = self.ms(now.instant);
             self.engine.note_view(&key, at);
+            if self.conflicted.remove(&key).is_some() {
+                // The version a write conflicted with is here: computed again from it.
+                self.queue.add(key.clone(), now.instant);
+            }
         }
         if update.settle {
             // New, its spec changed or status.hard gained a key: objects admitted before
@@ -259,20 +283,6 @@ impl Reconciler {
                 .is_some_and(|m| !m.unavailable_groups.is_empty())
         {
             self.report_unavailable(&key.cluster);
-        }
-        if !update.carried.is_empty()
-            && !crate::mutation::active(crate::mutation::Mutation::LateObjectNotCounted)
-        {
-            // New to lazyquota with a status: charges made before it watched may be in it.
-            let at = self.ms(now.instant);
-            self.engine
-                .note_carried(&key, update.carried, at, self.bound_ms());
-        }
-        if !update.raised.is_empty() {
-            // Someone else raised status.used (admission charging creates): meanwhile no key
-            // of it is lowered below what is counted plus these (crate::lowering).
-            let at = self.ms(now.instant);
-            self.engine.note_charge(&key, update.raised, at, self.bound_ms());
         }
         if update.recompute {
             self.queue.add(key, now.instant);
@@ -378,6 +388,7 @@ impl Reconciler {
         let prefix = format!("{cluster}|");
         self.books.forget_quotas(|q| q.starts_with(&prefix));
         self.proofs.forget_cluster(cluster);
+        self.conflicted.retain(|q, _| q.cluster != *cluster);
         self.effects.push(Effect::Disengaged(cluster.clone()));
     }
 }

@@ -108,6 +108,20 @@ fn lowers(now: &BTreeMap<String, K8sQuantity>, before: Option<&QuantityList>) ->
 
 impl Reconciler {
     pub(super) fn sync_quota(&mut self, key: QuotaKey, now: Now) {
+        if let Some(&until) = self.conflicted.get(&key) {
+            self.queue.done(&key);
+            if now.instant < until {
+                // A write conflicted: computing again before the newer version is here would
+                // conflict again.
+                self.queue.add_at(key, until);
+            } else {
+                // The watch has not brought it in `CONFLICT_WAIT`: read it.
+                debug!(quota = %key, "the version a write conflicted with has not come: reading the quota");
+                self.conflicted.remove(&key);
+                self.effects.push(Effect::ReadQuota(key));
+            }
+            return;
+        }
         if !self.engine.resolver.knows(&key.cluster) {
             // Before the first discovery no watch can run, so a status written now would lack
             // every watched key, and quota admission refuses creates while a key of
@@ -137,6 +151,7 @@ impl Reconciler {
         }
         self.refine_carried(&key, &computed);
         let mut decision = computed.decision;
+
         if let Some(e) = self.engine.index.get(&key)
             && !active(Mutation::StaleCounts)
             && lowering::drop_unmaintained(&e.payload, &computed.uncomputed, &mut decision)
@@ -156,8 +171,16 @@ impl Reconciler {
                 .collect(),
             _ => Vec::new(),
         };
-        if let Some(held) = self.hold_lowering(&key, &kept, &mut decision, now) {
-            debug!(quota = %key, keys = ?held.keys, "charges still owed added to what is counted");
+        if let Some(held) = self.hold_lowering(&key, &computed.sources, &kept, &mut decision, now) {
+            let owed: Vec<(Option<u64>, String)> = self
+                .namespace_charges(&key, now)
+                .into_iter()
+                .flat_map(|c| {
+                    c.owed()
+                        .map(move |(k, q)| (c.revision, format!("{k}={}", q.to_k8s().0)))
+                })
+                .collect();
+            debug!(quota = %key, keys = ?held.keys, ?owed, "charges still owed added to what is counted");
             let at = self.epoch + std::time::Duration::from_millis(held.until_ms);
             self.queue.add_at(key.clone(), at);
         }
@@ -268,6 +291,7 @@ impl Reconciler {
     fn hold_lowering(
         &self,
         key: &QuotaKey,
+        sources: &KeySources,
         kept: &[String],
         decision: &mut lazyquota_quota::StatusDecision,
         now: Now,
@@ -277,20 +301,23 @@ impl Reconciler {
         }
         let entry = self.engine.index.get(key)?;
         let charges = self.namespace_charges(key, now);
-        // What the watches it is computed from delivered: a charge at or past it is for an
-        // object not counted yet.
-        let resources: Vec<GroupResource> = entry.demands().keys().cloned().collect();
+        // How far the watches a key is computed from have delivered: a charge at or past it is
+        // for an object certainly not counted yet. The least of them, where several feed it.
+        let every: Vec<GroupResource> = entry.demands().keys().cloned().collect();
         let all = &**entry.demand_namespace() == crate::keys::ALL_NAMESPACES;
-        let observed = self
-            .watches
-            .feeding(key, all, &resources)
-            .map(|w| w.observed)
-            .max()
-            .unwrap_or(0);
+        let observed = |name: &str| {
+            let own = sources.of(name);
+            let resources = own.as_deref().unwrap_or(&every);
+            self.watches
+                .feeding(key, all, resources)
+                .map(|w| w.observed)
+                .min()
+                .unwrap_or(0)
+        };
         lowering::hold_lowering(
             &entry.payload,
             &charges,
-            observed,
+            &observed,
             kept,
             decision,
             self.bound_ms(),
@@ -385,10 +412,6 @@ impl Reconciler {
                 // The old rule: once settled, a key is lowered without a look at the watches.
                 continue;
             }
-            if active(Mutation::UnenforcedAfterSettling) && !maintained && now.instant >= settled {
-                // The older rule: once settled, not even a key admission never charged waits.
-                continue;
-            }
             let mut waits = false;
             for resource in resources {
                 match self.proofs.proof(key, resource, rv, namespace.as_deref()) {
@@ -396,7 +419,10 @@ impl Reconciler {
                         self.ask_proof(key, resource, rv);
                         waits = true;
                     }
-                    Proof::Pending | Proof::Failed if now.instant >= settled && maintained => {
+                    Proof::Pending | Proof::Failed
+                        if now.instant >= settled
+                            && (maintained || active(Mutation::UnenforcedAfterSettling)) =>
+                    {
                         debug!(quota = %key, key = %name, %resource, "no proof the watch caught up with the quota: the settling time ended the wait");
                         self.effects.push(Effect::Metric(Metric::SettleWaitEnded(
                             crate::planner::resource_label(resource),
@@ -714,10 +740,12 @@ impl Reconciler {
                 if active(Mutation::OldWritePolicy) {
                     self.queue.add_rate_limited(key.clone(), now.instant);
                 } else if held.as_deref() == precondition {
-                    // Nothing newer has come yet, and it may have passed already (a response
-                    // older than the watch): read the quota afresh, then compute again.
-                    debug!(quota = %key, resource_version = ?held, "status write conflicted; reading the quota");
-                    self.effects.push(Effect::ReadQuota(key.clone()));
+                    // Nothing newer has come yet: the watch brings it in a moment (its event
+                    // recomputes the quota); failing that, the quota is read afresh.
+                    debug!(quota = %key, resource_version = ?held, "status write conflicted; waiting for the newer version");
+                    let until = now.instant + super::CONFLICT_WAIT;
+                    self.conflicted.insert(key.clone(), until);
+                    self.queue.add_at(key.clone(), until);
                 } else {
                     // The watch brought the newer version meanwhile: compute from it now.
                     debug!(quota = %key, resource_version = ?held, "status write conflicted; the newer version is here");

@@ -464,6 +464,47 @@ impl Server {
         }
     }
 
+    /// The restarted controller's first list of quotas is taken: what it first sees of a quota
+    /// carries the charges in flight,
+    /// until its store says how much of the stored value the objects do not explain — and
+    /// objects admission did not charge for a key explain some of it in their place: for each
+    /// quota and key with a charged write in flight, they become a debt as stand-ins do.
+    pub fn restarted(&mut self) {
+        let now = self.now_ms;
+        let quotas: Vec<(String, String, Vec<Scope>)> = self
+            .quotas
+            .values()
+            .map(|q| (q.uid.clone(), q.namespace.clone(), q.scopes.clone()))
+            .collect();
+        for (uid, namespace, scopes) in quotas {
+            for key in self
+                .objects
+                .values()
+                .filter(|o| o.namespace == namespace)
+                .flat_map(|o| o.usage(&scopes, now))
+                .map(|(k, _)| k)
+                .collect::<std::collections::BTreeSet<_>>()
+            {
+                if !self.charged_in_flight(&uid, key, u64::MAX) {
+                    continue;
+                }
+                let uncharged: i64 = self
+                    .objects
+                    .values()
+                    .filter(|o| o.namespace == namespace && !o.enforced_for(&uid, key))
+                    .map(|o| o.usage_of(key, &scopes, now))
+                    .sum();
+                if uncharged > 0 {
+                    *self
+                        .standin_debt
+                        .entry((uid.clone(), key.to_owned()))
+                        .or_default() += uncharged;
+                    self.debt_drained.remove(&(uid.clone(), key.to_owned()));
+                }
+            }
+        }
+    }
+
     /// Marks the debts of quotas and keys no charged write is in flight for any more as
     /// drained at the resourceVersion now: they go once a watch has delivered that far
     /// ([`Server::delivered`]), when lazyquota holds the objects that were in flight.
@@ -703,6 +744,17 @@ impl Server {
             }
         }
         Ok(charged_quotas)
+    }
+
+    /// `key` left the `status.hard` of quota `uid`: admission no longer charges it, and a key
+    /// added back later is a new one — nothing charged before covers an object for it.
+    pub fn key_dropped(&mut self, uid: &str, key: &str) {
+        let strip = |o: &mut Obj| {
+            o.enforced.retain(|(q, k)| !(q == uid && *k == key));
+            o.charged_for.retain(|(q, k)| !(q == uid && *k == key));
+        };
+        self.objects.values_mut().for_each(strip);
+        self.in_flight.iter_mut().for_each(|p| strip(&mut p.obj));
     }
 
     /// Records an admitted write as in flight.

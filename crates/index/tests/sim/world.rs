@@ -219,6 +219,8 @@ pub struct World {
     settings: Settings,
     /// How many times the reconciler was restarted: answers to an earlier one go nowhere.
     epoch: u64,
+    /// Restarted, and the new reconciler's first list of quotas is still to be served.
+    restarted: bool,
     watches: BTreeMap<Wid, Watch>,
     next_generation: u64,
     quota_generation: u64,
@@ -334,6 +336,7 @@ impl World {
             rec,
             settings,
             epoch: 0,
+            restarted: false,
             watches: BTreeMap::new(),
             next_generation: 0,
             quota_generation: 0,
@@ -526,6 +529,7 @@ impl World {
             return;
         }
         self.fired("restart");
+        self.restarted = true;
         self.epoch += 1;
         self.rec = Reconciler::new(
             self.settings.clone(),

@@ -636,7 +636,21 @@ fn a_key_the_status_lacks_waits_for_its_watches_even_once_the_quota_has_settled(
         precondition: Some("30".into()),
         result: Err(conflict()),
     });
+    // A label moved the quota on (31); its event comes after the settling time.
     let effects = h.tick(crate::lowering::SETTLE_MS);
+    assert!(writes(&effects).is_empty(), "{effects:?}");
+    let mut labelled = quota(31, &hard, Some(&[(CM, "2")]));
+    labelled.status.as_mut().unwrap().hard = Some(list(&[(CM, "10")]));
+    let fed = h.feed(Input::Quota(QuotaEvent::Applied(labelled)));
+    let effects = [fed, h.tick(1)].concat();
+    assert_eq!(
+        lists_asked(&effects).len(),
+        1,
+        "asked at the new version: {effects:?}"
+    );
+    h.feed(failed_for(key()));
+    // Computed once the settling time of that version is over too.
+    let effects = h.tick(crate::lowering::SETTLE_MS + 1);
     let w = writes(&effects);
     assert_eq!(w.len(), 1, "{effects:?}");
     assert!(

@@ -15,7 +15,8 @@ fn the_first_write_carries_the_count_and_the_quotas_version() {
 }
 
 /// One ConfigMap counted, the first write (on version 5) answered 409 with nothing newer
-/// seen: the quota is read afresh.
+/// seen: the newer version is waited for, and when the watch does not bring it in
+/// [`CONFLICT_WAIT`], the quota is read afresh.
 fn first_write_conflicted() -> Harness {
     let mut h = Harness::new(false);
     let effects = h.ready(quota(5, &[(CM, "10")], None), &[("a", 2)]);
@@ -25,8 +26,37 @@ fn first_write_conflicted() -> Harness {
         precondition: Some("5".into()),
         result: Err(conflict()),
     });
+    assert!(!after.contains(&Effect::ReadQuota(key())), "{after:?}");
+    let wait = u64::try_from(CONFLICT_WAIT.as_millis()).expect("ms");
+    assert!(h.tick(wait - 1).is_empty(), "waiting for the watch");
+    let after = h.tick(1);
     assert!(after.contains(&Effect::ReadQuota(key())), "{after:?}");
     h
+}
+
+#[test]
+fn a_conflict_is_computed_again_as_soon_as_the_watch_brings_the_newer_version() {
+    let mut h = Harness::new(false);
+    let effects = h.ready(quota(5, &[(CM, "10")], None), &[("a", 2)]);
+    let w = writes(&effects)[0].clone();
+    h.feed(Input::Written {
+        key: key(),
+        precondition: Some("5".into()),
+        result: Err(conflict()),
+    });
+    // Admission charged a ConfigMap at 6; its event comes: computed again at once, no read.
+    h.feed(Input::Quota(QuotaEvent::Applied(quota(
+        6,
+        &[(CM, "10")],
+        Some(&[(CM, "1")]),
+    ))));
+    let effects = h.tick(1);
+    assert!(!effects.contains(&Effect::ReadQuota(key())), "{effects:?}");
+    let written = writes(&effects);
+    assert_eq!(written.len(), 1, "{effects:?}");
+    assert_eq!(written[0].precondition.as_deref(), Some("6"));
+    assert_eq!(written[0].hard, w.hard);
+    assert!(h.tick(2_000).iter().all(|e| *e != Effect::ReadQuota(key())));
 }
 
 #[test]

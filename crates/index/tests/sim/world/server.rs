@@ -34,6 +34,11 @@ impl World {
 
     pub(super) fn quota_relist(&mut self) {
         self.quota_gap = false;
+        if std::mem::take(&mut self.restarted) {
+            // What the restarted reconciler first sees of each quota carries the charges in
+            // flight now.
+            self.server.restarted();
+        }
         let mut events = vec![QuotaEvent::RelistStarted];
         events.extend(
             self.server
@@ -129,6 +134,14 @@ impl World {
         // The request's body, as the executor sends it: a JSON merge patch of the status.
         let patch = write.patch();
         let (hard, used) = apply_merge_patch(q, &patch);
+        let dropped: Vec<String> = q
+            .status_hard
+            .iter()
+            .flat_map(|h| h.keys())
+            .filter(|k| !hard.contains_key(*k))
+            .cloned()
+            .collect();
+        let uid = q.uid.clone();
         // Every key of spec.hard in status.hard, no other (upstream copies spec.hard); no
         // `used` beside them: a key left behind in status.hard would go on being enforced.
         let spec_keys: Vec<&String> = q.hard.keys().collect();
@@ -204,6 +217,9 @@ impl World {
         }
         for _ in 0..standins {
             self.fired("uncharged_standin");
+        }
+        for k in dropped {
+            self.server.key_dropped(&uid, &k);
         }
         let rv = self.server.bump();
         let q = self.server.quotas.get_mut(&qkey).expect("looked up");
