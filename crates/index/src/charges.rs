@@ -144,6 +144,9 @@ pub struct Ledger {
     pub charges: Vec<Charge>,
     /// Arrivals not spent yet, in resourceVersion order.
     pub credits: Vec<Credit>,
+    /// Charges dropped at the bound while still owed, since last taken
+    /// ([`Ledger::take_expired`]).
+    pub expired: u32,
 }
 
 /// What someone else raised from `before` to `after`, key by key (a key new in `after` counts
@@ -350,7 +353,18 @@ impl Ledger {
     /// Drops charges seen `bound_ms` or more before `now_ms`: nothing paid them in the time a
     /// create's request may take.
     pub fn expire(&mut self, now_ms: u64, bound_ms: u64) {
+        let before = self.charges.iter().filter(|c| c.is_owed()).count();
         self.charges.retain(|c| c.at_ms.saturating_add(bound_ms) > now_ms);
+        let after = self.charges.iter().filter(|c| c.is_owed()).count();
+        self.expired = self
+            .expired
+            .saturating_add(u32::try_from(before - after).unwrap_or(u32::MAX));
+    }
+
+    /// How many charges were dropped at the bound still owed since the last call: creates
+    /// admission charged and refused, or stored later than the bound.
+    pub fn take_expired(&mut self) -> u32 {
+        std::mem::take(&mut self.expired)
     }
 
     /// Forgets charges paid in full — not while a status write of the quota is in flight

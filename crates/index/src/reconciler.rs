@@ -73,6 +73,13 @@ pub const STATUS_RECHECK_DELAY: Duration = Duration::from_secs(5);
 /// at the read's version (paid only by objects stored after it).
 pub const CONFLICT_WAIT: Duration = Duration::from_secs(1);
 
+/// A write that lowers a quota's `used` goes out at most this often per quota, by default: the
+/// deletes of a busy namespace are written down together (as KCM's workers coalesce them), and
+/// every write lowering a quota while admission charges it makes admission retry its update —
+/// whose retry charges creates it then refuses (k8s.io/apiserver's `checkQuotas` keeps a first
+/// pass's error for a request the retry admits and charges), which are held until the bound.
+pub const LOWER_PACE: Duration = Duration::from_millis(100);
+
 /// A status write in flight this long no longer counts against the concurrency: a write that
 /// hangs (until its request deadline) must not hold back the other quotas' writes.
 pub const WRITE_STALL: Duration = Duration::from_secs(5);
@@ -124,6 +131,8 @@ pub struct Settings {
     /// How long a charge of admission's that no object pays for is kept: kube-apiserver's
     /// `--request-timeout`, past which a create's request has ended ([`crate::charges`]).
     pub charge_bound: Duration,
+    /// A write lowering a quota goes out at most this often per quota ([`LOWER_PACE`]).
+    pub lower_pace: Duration,
 }
 
 impl Default for Settings {
@@ -143,6 +152,7 @@ impl Default for Settings {
             shared_buffer: MAX_PENDING,
             workspace: None,
             charge_bound: Duration::from_millis(crate::charges::DEFAULT_BOUND_MS),
+            lower_pace: LOWER_PACE,
         }
     }
 }
@@ -203,6 +213,8 @@ pub struct Reconciler {
     writing: HashMap<QuotaKey, Instant>,
     /// When each open watch was opened (its first list's grace).
     opened: HashMap<u64, Instant>,
+    /// When each quota's last status write went out ([`LOWER_PACE`]).
+    last_write: HashMap<QuotaKey, Instant>,
     /// Quotas whose write conflicted, waiting until then for the quota watch to bring the
     /// newer version ([`CONFLICT_WAIT`]).
     conflicted: HashMap<QuotaKey, Instant>,
@@ -247,6 +259,7 @@ impl Reconciler {
             writing: HashMap::new(),
             opened: HashMap::new(),
             conflicted: HashMap::new(),
+            last_write: HashMap::new(),
             hub: Hub::new(shared_threshold, settings.shared_buffer.max(1)),
             restarts: Restarts::default(),
             quota_relist: None,

@@ -345,6 +345,7 @@ impl Engine {
     ) {
         if let Some(state) = self.index.payload_mut(key) {
             let revision = state.resource_version.as_deref().and_then(|rv| rv.parse().ok());
+            tracing::debug!(quota = %key, ?revision, ?since, raised = ?raised.iter().map(|(k, q)| format!("{k}={}", q.to_k8s().0)).collect::<Vec<_>>(), "charge noted");
             state
                 .ledger
                 .note_since(raised, revision, since.or(revision), now_ms, bound_ms);
@@ -392,6 +393,7 @@ impl Engine {
     /// version was a write of ours conditioned on the one before it
     /// ([`crate::charges::Ledger::forget_own`]).
     pub fn forget_own_charge(&mut self, key: &QuotaKey, written: u64) {
+        tracing::debug!(quota = %key, written, "own write forgotten as a charge");
         if let Some(state) = self.index.payload_mut(key) {
             let view = state.view.0;
             state.ledger.forget_own(written, view);
@@ -400,11 +402,14 @@ impl Engine {
 
     /// Forgets the quota's charges paid in full, unless a status write of it is in flight
     /// (`writing`), and those past the create bound ([`crate::charges::Ledger`]).
-    pub fn tidy_charges(&mut self, key: &QuotaKey, writing: bool, now_ms: u64, bound_ms: u64) {
-        if let Some(state) = self.index.payload_mut(key) {
-            state.ledger.expire(now_ms, bound_ms);
-            state.ledger.forget_paid(writing);
-        }
+    /// Returns how many charges went unpaid at the bound since the last call.
+    pub fn tidy_charges(&mut self, key: &QuotaKey, writing: bool, now_ms: u64, bound_ms: u64) -> u32 {
+        let Some(state) = self.index.payload_mut(key) else {
+            return 0;
+        };
+        state.ledger.expire(now_ms, bound_ms);
+        state.ledger.forget_paid(writing);
+        state.ledger.take_expired()
     }
 
     /// Notes that the quota was created, its spec changed or its `status.hard` gained a key,

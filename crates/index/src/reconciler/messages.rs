@@ -245,6 +245,9 @@ pub enum Metric {
         /// What came of it.
         result: &'static str,
     },
+    /// Charges no object paid for, dropped at the create bound: creates admission charged and
+    /// then refused (its retry path does), or stored later than the bound.
+    ChargesExpired(u32),
     /// A key was written without proof that the watch of this resource (label) had caught up
     /// with its quota: the list failed or went unanswered, and the settling time ended the
     /// wait.

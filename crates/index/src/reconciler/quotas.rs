@@ -211,6 +211,7 @@ impl Reconciler {
         self.books.forget_quotas(|q| q == name);
         self.proofs.forget(key);
         self.conflicted.remove(key);
+        self.last_write.remove(key);
     }
 
     pub(super) fn apply_quota(&mut self, quota: &ResourceQuota, now: Now) {
@@ -389,6 +390,7 @@ impl Reconciler {
         self.books.forget_quotas(|q| q.starts_with(&prefix));
         self.proofs.forget_cluster(cluster);
         self.conflicted.retain(|q, _| q.cluster != *cluster);
+        self.last_write.retain(|q, _| q.cluster != *cluster);
         self.effects.push(Effect::Disengaged(cluster.clone()));
     }
 }

@@ -133,8 +133,13 @@ impl Reconciler {
         // Charges paid in full are forgotten (no write of the quota is in flight when it is
         // synced), and those past the create bound.
         let writing = self.writing.contains_key(&key);
-        self.engine
+        let expired = self
+            .engine
             .tidy_charges(&key, writing, self.ms(now.instant), self.bound_ms());
+        if expired > 0 {
+            debug!(quota = %key, expired, "charges no object paid dropped at the bound");
+            self.effects.push(Effect::Metric(Metric::ChargesExpired(expired)));
+        }
         let Some(computed) = self.engine.compute(&key, now.time) else {
             self.queue.done(&key);
             return;
@@ -236,6 +241,17 @@ impl Reconciler {
             hard: decision.hard,
             used: decision.used,
         };
+        if !write.lowers.is_empty()
+            && let Some(at) = self.last_write.get(&key).map(|at| *at + self.settings.lower_pace)
+            && now.instant < at
+        {
+            // Lowered again soon after the last write: written together with what follows.
+            self.queue.done(&key);
+            self.queue.add_at(key, at);
+            return;
+        }
+        debug!(quota = %key, precondition = ?write.precondition, used = ?write.used.values().map(|q| q.0.clone()).collect::<Vec<_>>(), "writing");
+        self.last_write.insert(key.clone(), now.instant);
         self.writing.insert(key, now.instant);
         self.effects.push(Effect::WriteStatus(write));
     }
@@ -772,8 +788,12 @@ impl Reconciler {
             }
         }
         // The write is answered: the charges paid in full while it was in flight go.
-        self.engine
+        let expired = self
+            .engine
             .tidy_charges(key, false, self.ms(now.instant), self.bound_ms());
+        if expired > 0 {
+            self.effects.push(Effect::Metric(Metric::ChargesExpired(expired)));
+        }
     }
 
     pub(super) fn on_read(&mut self, key: &QuotaKey, result: Result<ResourceQuota, Failure>, now: Now) {

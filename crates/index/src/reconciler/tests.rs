@@ -79,6 +79,8 @@ impl Harness {
             cluster: ClusterName::new("c"),
             shadow,
             resync_period: Duration::ZERO,
+            // The tests of other rules lower at once; pacing has a test of its own.
+            lower_pace: Duration::ZERO,
             ..Settings::default()
         };
         Self {

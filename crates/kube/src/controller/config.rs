@@ -88,5 +88,6 @@ pub(super) fn settings(config: &Config, shard: bool) -> Settings {
         shared_buffer: lazyquota_index::reconciler::MAX_PENDING,
         workspace: config.workspace.clone(),
         charge_bound: config.charge_bound,
+        lower_pace: lazyquota_index::reconciler::LOWER_PACE,
     }
 }

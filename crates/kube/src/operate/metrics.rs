@@ -104,6 +104,7 @@ pub struct Metrics {
     kcp_share_overflows: IntCounterVec,
     catch_up_lists: IntCounterVec,
     settle_waits_ended: IntCounterVec,
+    charges_expired: IntCounter,
     quota_used: GaugeVec,
     quota_hard: GaugeVec,
     quota_ratio: GaugeVec,
@@ -131,6 +132,12 @@ impl Default for Metrics {
 
 fn counter(registry: &Registrar, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry.register("counter", &c);
+    c
+}
+
+fn int_counter(registry: &Registrar, name: &str, help: &str) -> IntCounter {
+    let c = IntCounter::new(name, help).expect("valid metric");
     registry.register("counter", &c);
     c
 }
@@ -302,6 +309,11 @@ impl Metrics {
                 "Consistent lists asked to prove a quiet watch caught up with a quota, by what came of them: matched (the store is the list's state: the keys are written at once), differed (compared again as the watch delivers), failed.",
                 &["resource", "result"],
             ),
+            charges_expired: int_counter(
+                &r,
+                "lazyquota_charges_expired_total",
+                "Quota charges no object paid for, dropped at --apiserver-request-timeout: creates quota admission charged and then refused (its retry path does), or stored later than that.",
+            ),
             settle_waits_ended: counter(
                 &r,
                 "lazyquota_settle_waits_ended_total",
@@ -410,6 +422,7 @@ impl Metrics {
                     .with_label_values(&[resource.as_str(), result])
                     .inc();
             }
+            Metric::ChargesExpired(n) => self.charges_expired.inc_by(u64::from(n)),
             Metric::SettleWaitEnded(resource) => {
                 self.settle_waits_ended
                     .with_label_values(&[resource.as_str()])

@@ -258,3 +258,34 @@ fn mutation_a_kept_key_charged_again_writes_the_charge_twice() {
         "the old rule adds the charge at 7 to the stored 4 that holds it"
     );
 }
+
+#[test]
+fn lowerings_of_one_quota_go_out_at_most_once_per_pace() {
+    let mut h = Harness::new(false);
+    h.rec.settings.lower_pace = LOWER_PACE;
+    let effects = h.ready(quota(5, &[(CM, "10")], None), &[("a", 2), ("b", 3), ("c", 4)]);
+    let w = writes(&effects)[0].clone();
+    assert_eq!(w.used, list(&[(CM, "3")]));
+    h.feed(Input::Written {
+        key: key(),
+        precondition: Some("5".into()),
+        result: Ok(written(&w, 20)),
+    });
+    let id = h.watch_id();
+    let pace = u64::try_from(LOWER_PACE.as_millis()).expect("ms");
+    // Two deletes after the first write, then a third: one lowering write, at the pace.
+    h.feed(Input::Watch {
+        id,
+        item: Item::Delete(configmap("c", 21)),
+    });
+    assert!(writes(&h.tick(1)).is_empty(), "within the pace of the last write");
+    h.feed(Input::Watch {
+        id,
+        item: Item::Delete(configmap("b", 22)),
+    });
+    assert!(writes(&h.tick(pace / 2)).is_empty());
+    let effects = h.tick(pace);
+    let w = writes(&effects);
+    assert_eq!(w.len(), 1, "{effects:?}");
+    assert_eq!(w[0].used, list(&[(CM, "1")]), "both deletes in one write");
+}
