@@ -7,11 +7,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::{StreamExt as _, stream};
+use futures::{StreamExt as _, TryStreamExt as _, stream};
 use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use kube::{
     Api, Client,
-    api::{DeleteParams, ListParams, PostParams},
+    api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams},
 };
 use lazyquota_quota::Quantity;
 
@@ -97,27 +97,23 @@ pub(crate) async fn measure(
     }
 
     // A second quota on a type already watched and quiet (the namespace's `compute` quota
-    // keeps its pods), with a key computed from the pods' specs, not a count of them.
-    for j in 0..args.new_quota_samples {
+    // keeps its pods), with keys computed from the pods' specs, not a count of them: requests.cpu;
+    // requests.memory and limits.memory; requests.cpu under the NotTerminating scope. Timed from
+    // a watch of the quota, create request to the event with its status.
+    for (j, kind) in (0..args.new_quota_samples).flat_map(|j| SecondQuota::ALL.map(|k| (j, k))) {
         let ns = &data.namespaces[j % data.namespaces.len()];
         let api: Api<ResourceQuota> = Api::namespaced(client.clone(), ns);
-        let name = format!("typed-{j}");
-        let want = vec![("requests.cpu".to_owned(), format!("{}m", 10 * data.pods_per_ns))];
-        let t = Instant::now();
-        api.create(
-            &PostParams::default(),
-            &quota_object(&name, &[("requests.cpu".into(), "1000".into())]),
-        )
-        .await
-        .expect("typed quota");
-        while !quota_matches(&api, &name, &want).await {
-            assert!(t.elapsed() < Duration::from_mins(2), "typed quota never computed");
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        let name = format!("{}-{j}", kind.name());
+        let (quota, want) = kind.quota(&name, data.pods_per_ns);
+        let took = time_to_status(&api, &quota, &want).await;
+        match kind {
+            SecondQuota::Cpu => sample.typed_quota.push(took),
+            SecondQuota::Memory => sample.memory_quota.push(took),
+            SecondQuota::Scoped => sample.scoped_quota.push(took),
         }
-        sample.typed_quota.push(t.elapsed());
         api.delete(&name, &DeleteParams::default())
             .await
-            .expect("delete typed quota");
+            .expect("delete the second quota");
     }
 
     // Object deleted → status.used lowered.
@@ -166,6 +162,89 @@ pub(crate) async fn measure(
         .collect::<Vec<()>>()
         .await;
     sample
+}
+
+/// A second quota beside the namespace's `compute` quota, on its watched, quiet pods.
+#[derive(Clone, Copy, Debug)]
+enum SecondQuota {
+    /// `requests.cpu`.
+    Cpu,
+    /// `requests.memory` and `limits.memory`.
+    Memory,
+    /// `requests.cpu` under the NotTerminating scope (every pod of the data matches it).
+    Scoped,
+}
+
+impl SecondQuota {
+    const ALL: [Self; 3] = [Self::Cpu, Self::Memory, Self::Scoped];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Cpu => "typed",
+            Self::Memory => "memory",
+            Self::Scoped => "scoped",
+        }
+    }
+
+    /// The quota named `name` and the `used` it must get with `pods` pods of 10m CPU and
+    /// 16Mi of memory (requests and limits) in its namespace.
+    fn quota(self, name: &str, pods: usize) -> (ResourceQuota, Vec<(String, String)>) {
+        let cpu = ("requests.cpu".to_owned(), format!("{}m", 10 * pods));
+        let memory = |key: &str| (key.to_owned(), format!("{}Mi", 16 * pods));
+        let (hard, want): (Vec<(String, String)>, _) = match self {
+            Self::Cpu | Self::Scoped => (vec![("requests.cpu".into(), "1000".into())], vec![cpu]),
+            Self::Memory => (
+                vec![
+                    ("requests.memory".into(), "1Ti".into()),
+                    ("limits.memory".into(), "1Ti".into()),
+                ],
+                vec![memory("requests.memory"), memory("limits.memory")],
+            ),
+        };
+        let mut quota = quota_object(name, &hard);
+        if let (Self::Scoped, Some(spec)) = (self, quota.spec.as_mut()) {
+            spec.scopes = Some(vec!["NotTerminating".into()]);
+        }
+        (quota, want)
+    }
+}
+
+/// Creates `quota` and waits, on a watch of it opened before, for the event whose status has
+/// `want` in `used`: the time from the create request to that event (at most 2 minutes).
+async fn time_to_status(
+    api: &Api<ResourceQuota>,
+    quota: &ResourceQuota,
+    want: &[(String, String)],
+) -> Duration {
+    let name = quota.metadata.name.clone().expect("a name");
+    let version = api
+        .list_metadata(&ListParams::default().limit(1))
+        .await
+        .expect("list quotas")
+        .metadata
+        .resource_version
+        .expect("a list version");
+    let params = WatchParams::default()
+        .fields(&format!("metadata.name={name}"))
+        .timeout(120);
+    let mut events = api.watch(&params, &version).await.expect("watch quotas").boxed();
+    let t = Instant::now();
+    api.create(&PostParams::default(), quota)
+        .await
+        .expect("second quota");
+    while let Some(event) = events.try_next().await.expect("quota watch") {
+        if let WatchEvent::Added(q) | WatchEvent::Modified(q) = event {
+            let used = q.status.and_then(|s| s.used).unwrap_or_default();
+            if want
+                .iter()
+                .all(|(k, v)| used.get(k).is_some_and(|u| same(&u.0, v)))
+            {
+                return t.elapsed();
+            }
+        }
+        assert!(t.elapsed() < Duration::from_mins(2), "{name} never computed");
+    }
+    panic!("the watch of {name} ended before its status came");
 }
 
 /// The quotas of every namespace at `n` CRDs, deleted and created again with an empty status, so

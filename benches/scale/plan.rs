@@ -217,6 +217,10 @@ pub(crate) struct Sample {
     pub(crate) new_quota: Vec<Duration>,
     /// A `requests.cpu` quota beside the namespace's `compute` quota (pods watched, quiet).
     pub(crate) typed_quota: Vec<Duration>,
+    /// A `requests.memory` and `limits.memory` quota beside it.
+    pub(crate) memory_quota: Vec<Duration>,
+    /// A `requests.cpu` quota scoped NotTerminating beside it.
+    pub(crate) scoped_quota: Vec<Duration>,
     pub(crate) delete: Vec<Duration>,
 }
 

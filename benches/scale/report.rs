@@ -29,9 +29,9 @@ pub(crate) fn write_results(args: &Args, results: &Results) {
     );
     let _ = writeln!(
         md,
-        "| N | controller | tasks | heap MiB | RSS MiB | anon RSS MiB | watch conns (ss) | apiserver watches | first sync ms | new quota p50/p99 ms | second quota on watched pods, requests.cpu, p50/p99 ms | delete p50/p99 ms |"
+        "| N | controller | tasks | heap MiB | RSS MiB | anon RSS MiB | watch conns (ss) | apiserver watches | first sync ms | new quota p50/p99 ms | second quota on watched pods, requests.cpu, p50/p99 ms | … requests.memory and limits.memory | … requests.cpu, NotTerminating | delete p50/p99 ms |"
     );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mib = |b: f64| b / 1_048_576.0;
     for &n in &args.crds {
         for c in controllers {
@@ -40,7 +40,7 @@ pub(crate) fn write_results(args: &Args, results: &Results) {
             };
             let _ = writeln!(
                 md,
-                "| {n} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {} | {}/{} | {}/{} | {}/{} |",
+                "| {n} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {} | {}/{} | {}/{} | {}/{} | {}/{} | {}/{} |",
                 c.name(),
                 s.tasks,
                 mib(s.heap_bytes),
@@ -53,6 +53,10 @@ pub(crate) fn write_results(args: &Args, results: &Results) {
                 ms(percentile(&s.new_quota, 99.0)),
                 ms(percentile(&s.typed_quota, 50.0)),
                 ms(percentile(&s.typed_quota, 99.0)),
+                ms(percentile(&s.memory_quota, 50.0)),
+                ms(percentile(&s.memory_quota, 99.0)),
+                ms(percentile(&s.scoped_quota, 50.0)),
+                ms(percentile(&s.scoped_quota, 99.0)),
                 ms(percentile(&s.delete, 50.0)),
                 ms(percentile(&s.delete, 99.0)),
             );
