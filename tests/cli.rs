@@ -9,7 +9,7 @@ use k8s_openapi::{
     api::core::v1::{ResourceQuota, ResourceQuotaSpec},
     apimachinery::pkg::api::resource::Quantity,
 };
-use kube::api::{ObjectMeta, PostParams};
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use lazyquota_testenv::{ControlPlane, Flavor, TestNamespace};
 
 fn lazyquota(args: &[&str]) -> std::process::Output {
@@ -57,6 +57,19 @@ async fn usage_and_explain_report_a_quota_from_direct_lists() {
         .create(&PostParams::default(), &quota)
         .await
         .expect("quota");
+    // A value stored under the key no evaluator claims (another writer's, or one carried
+    // forward): nobody computed it, so usage must not show it as computed.
+    ns.api::<ResourceQuota>()
+        .patch_status(
+            "q",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {
+                "hard": hard.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect::<std::collections::BTreeMap<_, _>>(),
+                "used": {"limits.example.com/gpu": "2"},
+            }})),
+        )
+        .await
+        .expect("status with a value under the unclaimed key");
     let kubeconfig = kubeconfig();
 
     let out = lazyquota(&[
@@ -92,14 +105,23 @@ async fn usage_and_explain_report_a_quota_from_direct_lists() {
         "not served"
     );
     // A type not served is unknown (an evaluator would claim it once served); a key no
-    // evaluator claims is computed by nobody, KCM included.
+    // evaluator claims is computed by nobody, KCM included: its stored value is unknown too,
+    // as shadow mode calls it, never computed and never agreeing.
     let pending = key("count/nothings.example.io");
     assert!(
         pending["unknown"].is_string(),
         "a pending type is reported unknown, with why"
     );
     assert_eq!(pending["differs"], false, "unknown is not a disagreement");
-    assert!(key("limits.example.com/gpu").get("unknown").is_none());
+    let unclaimed = key("limits.example.com/gpu");
+    assert_eq!(unclaimed["stored"], "2");
+    assert!(
+        unclaimed["unknown"]
+            .as_str()
+            .is_some_and(|why| why.contains("no evaluator")),
+        "a key no evaluator claims is reported unknown, with why: {unclaimed}"
+    );
+    assert_eq!(unclaimed["differs"], false, "unknown is not a disagreement");
     assert!(key("count/configmaps").get("unknown").is_none());
 
     let out = lazyquota(&["explain", "--kubeconfig", &kubeconfig, "-o", "json"]);

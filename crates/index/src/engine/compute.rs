@@ -271,6 +271,15 @@ pub struct Computed {
     pub sources: KeySources,
 }
 
+impl Computed {
+    /// Keys whose value is not lazyquota's own computation: an evaluator claims them but they
+    /// were not computed this time, or no evaluator claims them. Shadow mode and `lazyquota
+    /// usage` call them unknown, never agreeing.
+    pub fn not_computed(&self) -> impl Iterator<Item = &String> {
+        self.uncomputed.iter().chain(&self.unclaimed)
+    }
+}
+
 /// The plan's evaluators and the keys each computes, moved out of the plan rather than
 /// copied: only the catch-up rule reads it ([`KeySources::of`]).
 #[derive(Debug, Default)]

@@ -155,6 +155,16 @@ impl Reconciler {
             warn!(quota = %key, %error, "scope matching failed; usage is the partial sum, as upstream");
         }
         self.refine_carried(&key, &computed);
+        // The keys shadow mode calls unknown, taken before the decision moves out.
+        let unknown: Vec<String> = if self.settings.shadow {
+            computed
+                .not_computed()
+                .filter(|k| !active(Mutation::UnclaimedAgrees) || !computed.unclaimed.contains(k))
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
         let mut decision = computed.decision;
 
         if let Some(e) = self.engine.index.get(&key)
@@ -177,15 +187,7 @@ impl Reconciler {
             _ => Vec::new(),
         };
         if let Some(held) = self.hold_lowering(&key, &computed.sources, &kept, &mut decision, now) {
-            let owed: Vec<(Option<u64>, String)> = self
-                .namespace_charges(&key, now)
-                .into_iter()
-                .flat_map(|c| {
-                    c.owed()
-                        .map(move |(k, q)| (c.revision, format!("{k}={}", q.to_k8s().0)))
-                })
-                .collect();
-            debug!(quota = %key, keys = ?held.keys, ?owed, "charges still owed added to what is counted");
+            debug!(quota = %key, keys = ?held.keys, "charges still owed added to what is counted");
             let at = self.epoch + std::time::Duration::from_millis(held.until_ms);
             self.queue.add_at(key.clone(), at);
         }
@@ -197,17 +199,6 @@ impl Reconciler {
         self.report_unresolved(&key, &computed.uncomputed, &computed.unsynced, now_ms);
         if self.settings.shadow || !decision.dirty {
             let result = if self.settings.shadow {
-                let unknown: Vec<String> = computed
-                    .uncomputed
-                    .iter()
-                    .chain(
-                        computed
-                            .unclaimed
-                            .iter()
-                            .filter(|_| !active(Mutation::UnclaimedAgrees)),
-                    )
-                    .cloned()
-                    .collect();
                 self.report_shadow(&key, &decision, &unknown)
             } else {
                 "unchanged"

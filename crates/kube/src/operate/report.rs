@@ -137,10 +137,13 @@ pub async fn usage(
             .iter()
             .map(|(name, limit)| {
                 // status.used carries a stored value forward for a key no evaluator computed;
-                // that value is not lazyquota's, so it is not shown as computed.
+                // that value is not lazyquota's, so it is not shown as computed (the keys
+                // shadow mode calls unknown, `Computed::not_computed`, and withheld ones).
                 let unknown = if computed.decision.withheld.contains(name) {
                     Some("withheld: an object carries a quantity beyond what lazyquota holds exactly".to_owned())
-                } else if computed.uncomputed.contains(name) {
+                } else if computed.unclaimed.contains(name) {
+                    Some("not computed: no evaluator claims this key (a typo, or a resource no object requests in this form); its stored value is another writer's".to_owned())
+                } else if computed.not_computed().any(|k| k == name) {
                     Some("not computed: its type is not served or could not be listed, or its evaluator is not implemented".to_owned())
                 } else {
                     None
