@@ -38,10 +38,8 @@ mod report;
 
 use std::{collections::BTreeMap, path::Path, time::Instant};
 
-use kube::{
-    Client,
-    config::{KubeConfigOptions, Kubeconfig},
-};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use lazyquota_kube::transport::client::{Pool, Transport};
 
 use crate::data::Data;
 use crate::full_kcm::FullResults;
@@ -74,7 +72,13 @@ async fn run(args: &Args, state: &Path, facts: &BTreeMap<String, String>) -> (Re
     )
     .await
     .expect("config");
-    let client = Client::try_from(config).expect("client");
+    // lazyquota's transport (HTTP/2, TCP_NODELAY), as kubectl's would be (client-go: HTTP/2,
+    // Go's sockets without Nagle), not kube's default client (HTTP/1.1, Nagle on), which added
+    // about 40 ms to every sample timed from a watch (`second-quota-64072df`), as it did to
+    // the kcp benchmark's (`kcp-latency-dd59adc`).
+    let client = Pool::new(&config, Transport::default())
+        .and_then(|pool| pool.client(config))
+        .expect("client");
     let data = Data::create(&client, args).await;
     let mut results = Results::new();
     let mut full = FullResults::new();

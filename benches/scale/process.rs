@@ -184,7 +184,11 @@ pub(crate) fn start(controller: Controller, kubeconfig: &Path, state: &Path) -> 
                 ])
                 .args(["--transport", transport])
                 .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-                .env("RUST_LOG", "warn")
+                // `LAZYQUOTA_BENCH_LOG=debug` (say) to read the decisions behind a figure.
+                .env(
+                    "RUST_LOG",
+                    std::env::var("LAZYQUOTA_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+                )
                 .stdout(Stdio::null())
                 .stderr(log)
                 .spawn()
