@@ -1,7 +1,8 @@
 //! Another writer fighting over the same quota status: lazyquota's writes conflict (409),
 //! are retried with backoff, and once the other writer stops, status.used converges to the
-//! truth at the next recalculation (here a 2 s resync; KCM's default is 5 min). The writer
-//! is bounded: 30 writes.
+//! truth once the create bound has released the other writer's raises (lazyquota takes them
+//! for charges) and the next recalculation comes (here a 2 s resync; KCM's default is 5 min).
+//! The writer is bounded: 30 writes.
 
 mod common;
 
@@ -16,13 +17,21 @@ use kube::api::PostParams;
 use lazyquota_kube::controller::Config;
 use lazyquota_testenv::{Flavor, TestNamespace};
 
+/// The binary's one controller. The other writer's raises are charges to lazyquota (a raise
+/// of `status.used` it did not write, as admission's are) and nothing pays them: they are held
+/// until the create bound. No create is in flight here, so the bound is short (the default is
+/// the apiserver's 1-minute request timeout), which keeps the wait for the truth short.
+fn config() -> Config {
+    Config {
+        resync_period: Duration::from_secs(2),
+        charge_bound: Duration::from_secs(5),
+        ..test_config()
+    }
+}
+
 #[tokio::test]
 async fn a_concurrent_status_writer_does_not_win() {
-    let config = Config {
-        resync_period: Duration::from_secs(2),
-        ..test_config()
-    };
-    let _lazy = controller(Flavor::LazyquotaOnly, config);
+    let _lazy = controller(Flavor::LazyquotaOnly, config());
     let ns = TestNamespace::create(Flavor::LazyquotaOnly, "conflicts")
         .await
         .expect("namespace");
@@ -79,12 +88,7 @@ async fn a_concurrent_status_writer_does_not_win() {
 /// strategy keeps only the old spec.)
 #[tokio::test]
 async fn a_status_write_keeps_labels_and_annotations() {
-    // The binary's one controller: the same configuration as the other test's.
-    let config = Config {
-        resync_period: Duration::from_secs(2),
-        ..test_config()
-    };
-    let _lazy = controller(Flavor::LazyquotaOnly, config);
+    let _lazy = controller(Flavor::LazyquotaOnly, config());
     let ns = TestNamespace::create(Flavor::LazyquotaOnly, "keep-meta")
         .await
         .expect("namespace");
