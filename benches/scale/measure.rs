@@ -99,8 +99,10 @@ pub(crate) async fn measure(
     // A second quota on a type already watched and quiet (the namespace's `compute` quota
     // keeps its pods), with keys computed from the pods' specs, not a count of them: requests.cpu;
     // requests.memory and limits.memory; requests.cpu under the NotTerminating scope. Timed from
-    // a watch of the quota, create request to the event with its status.
+    // a watch of the quota, create request to the event with its status. Each after a pause
+    // (`--second-quota-gap-ms`), as a tenant's quota comes alone.
     for (j, kind) in (0..args.new_quota_samples).flat_map(|j| SecondQuota::ALL.map(|k| (j, k))) {
+        tokio::time::sleep(args.second_quota_gap).await;
         let ns = &data.namespaces[j % data.namespaces.len()];
         let api: Api<ResourceQuota> = Api::namespaced(client.clone(), ns);
         let name = format!("{}-{j}", kind.name());
