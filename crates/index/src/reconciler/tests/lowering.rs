@@ -1,6 +1,7 @@
 //! When a key may be written lower: after the watches caught up, after charges settle.
 
 use super::*;
+use crate::mutation::Mutation;
 
 /// The watch delivers ConfigMap b's delete late (rv 4, behind a quota at 20), and a tick; then
 /// an object added and deleted at 21 and 22 (the watch past the quota), and a tick. Returns
@@ -423,13 +424,11 @@ fn a_list_of_as_many_objects_but_one_the_watch_has_not_delivered_proves_nothing(
 
 #[test]
 fn mutation_a_list_compared_without_versions_is_caught() {
-    crate::mutation::set(Some(crate::mutation::Mutation::ProofIgnoresVersions));
-    let result = std::panic::catch_unwind(
-        a_list_of_as_many_objects_but_one_the_watch_has_not_delivered_proves_nothing,
-    );
-    crate::mutation::set(None);
     assert!(
-        result.is_err(),
+        fails_with(
+            Mutation::ProofIgnoresVersions,
+            a_list_of_as_many_objects_but_one_the_watch_has_not_delivered_proves_nothing
+        ),
         "a list compared by count alone proved the store, and the test passed"
     );
 }
@@ -464,13 +463,11 @@ fn a_list_left_behind_by_a_change_of_the_quota_proves_nothing_and_is_asked_again
 /// leaves a list behind it: the rule is checked here, by the test above.
 #[test]
 fn mutation_a_list_older_than_the_quota_proving_is_caught() {
-    crate::mutation::set(Some(crate::mutation::Mutation::StaleProof));
-    let result = std::panic::catch_unwind(
-        a_list_left_behind_by_a_change_of_the_quota_proves_nothing_and_is_asked_again,
-    );
-    crate::mutation::set(None);
     assert!(
-        result.is_err(),
+        fails_with(
+            Mutation::StaleProof,
+            a_list_left_behind_by_a_change_of_the_quota_proves_nothing_and_is_asked_again
+        ),
         "a list older than the quota proved, and the test passed"
     );
 }
@@ -581,25 +578,22 @@ fn a_key_lowered_long_after_the_quotas_last_change_still_waits_for_its_watch() {
 /// the rules are checked here instead.
 #[test]
 fn mutation_catch_up_only_while_settling_is_caught() {
-    crate::mutation::set(Some(crate::mutation::Mutation::CatchUpOnlyWhileSettling));
-    let result =
-        std::panic::catch_unwind(a_key_lowered_long_after_the_quotas_last_change_still_waits_for_its_watch);
-    crate::mutation::set(None);
     assert!(
-        result.is_err(),
+        fails_with(
+            Mutation::CatchUpOnlyWhileSettling,
+            a_key_lowered_long_after_the_quotas_last_change_still_waits_for_its_watch
+        ),
         "lowered without the watch caught up, and the test passed"
     );
 }
 
 #[test]
 fn mutation_a_key_unenforced_after_the_settling_time_is_caught() {
-    crate::mutation::set(Some(crate::mutation::Mutation::UnenforcedAfterSettling));
-    let result = std::panic::catch_unwind(
-        a_key_the_status_lacks_waits_for_its_watches_even_once_the_quota_has_settled,
-    );
-    crate::mutation::set(None);
     assert!(
-        result.is_err(),
+        fails_with(
+            Mutation::UnenforcedAfterSettling,
+            a_key_the_status_lacks_waits_for_its_watches_even_once_the_quota_has_settled
+        ),
         "a key never charged written without its watch, and the test passed"
     );
 }
@@ -683,4 +677,12 @@ fn an_own_write_whose_event_comes_before_its_response_is_not_a_charge() {
     let w = writes(&effects);
     assert_eq!(w.len(), 1, "{effects:?}");
     assert_eq!(w[0].used, list(&[(CM, "1")]), "the count, no charge on top");
+}
+
+/// Whether `test` fails with `mutation` put back (the rule it checks taken out).
+fn fails_with(mutation: Mutation, test: fn()) -> bool {
+    crate::mutation::set(Some(mutation));
+    let failed = std::panic::catch_unwind(test).is_err();
+    crate::mutation::set(None);
+    failed
 }
