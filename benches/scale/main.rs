@@ -73,9 +73,9 @@ async fn run(args: &Args, state: &Path, facts: &BTreeMap<String, String>) -> (Re
     .await
     .expect("config");
     // lazyquota's transport (HTTP/2, TCP_NODELAY), as kubectl's would be (client-go: HTTP/2,
-    // Go's sockets without Nagle), not kube's default client (HTTP/1.1, Nagle on), which added
-    // about 40 ms to every sample timed from a watch (`second-quota-64072df`), as it did to
-    // the kcp benchmark's (`kcp-latency-dd59adc`).
+    // Go's sockets without Nagle), not kube's default client (HTTP/1.1, Nagle on), whose
+    // delayed small writes slowed every sample timed from a watch (`second-quota-64072df`), as
+    // they did the kcp benchmark's (`kcp-latency-dd59adc`).
     let client = Pool::new(&config, Transport::default())
         .and_then(|pool| pool.client(config))
         .expect("client");
