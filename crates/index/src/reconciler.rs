@@ -349,6 +349,17 @@ impl Reconciler {
                 }
             }
             Input::Shared { key, event } => {
+                if matches!(event, crate::fanout::WatchItem::Init) {
+                    // The shared watch lists afresh (kube's watcher says so before it lists, and
+                    // the list is consistent): every subscriber's share will be the state at or
+                    // past now, as if its watch were opened now. Without this, a subscriber
+                    // whose quota's version came before the relist, on a type quiet since, had
+                    // no event at or past that version and a proof list that never matched
+                    // again: its new key was never written (simulator seed 14,391).
+                    for id in self.hub.subscribers_of(&key) {
+                        self.opened.insert(id, now.instant);
+                    }
+                }
                 let shares = self.hub.on_event(&key, event, now.instant, &mut self.effects);
                 for (id, item) in shares {
                     self.on_watch_item(id, item, now);

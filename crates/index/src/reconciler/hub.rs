@@ -298,6 +298,15 @@ impl Hub {
         self.start_ready_joins(now, effects);
     }
 
+    /// The subscribers (their watch ids) of the shared watch `key`.
+    pub(super) fn subscribers_of(&self, key: &SharedKey) -> Vec<u64> {
+        self.subscribers
+            .iter()
+            .filter(|(_, k)| ***k == *key)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
     /// Watch `watch` stopped; whether it was a subscriber (then the executor has nothing to
     /// close for it). The shared watch closes with its last subscriber.
     pub(super) fn unsubscribe(&mut self, watch: u64, effects: &mut Vec<Effect>) -> bool {
