@@ -143,7 +143,7 @@ pub async fn usage(
                     Some("withheld: an object carries a quantity beyond what lazyquota holds exactly".to_owned())
                 } else if computed.unclaimed.contains(name) {
                     Some("not computed: no evaluator claims this key (a typo, or a resource no object requests in this form); its stored value is another writer's".to_owned())
-                } else if computed.not_computed().any(|k| k == name) {
+                } else if computed.uncomputed.contains(name) {
                     Some("not computed: its type is not served or could not be listed, or its evaluator is not implemented".to_owned())
                 } else {
                     None
