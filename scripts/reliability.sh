@@ -91,6 +91,34 @@ elapsed=$((SECONDS - start))
     echo "| ${fault} | ${checked} | \`${name}\` | ${result} |"
   done <<<"$table"
   echo
+  echo "## The same faults against KCM's quota controller"
+  echo
+  faults=benches/results/faults/faults.tsv
+  if [[ -f $faults ]]; then
+    echo "From \`cargo bench --bench faults\` ([benches/results/faults/faults.md](../benches/results/faults/faults.md),"
+    echo "commit \`$(awk -F'\t' 'NR == 2 { print $12 }' "$faults")\`): each fault on a fresh control plane, once with KCM running only its"
+    echo "resource quota controller and once with lazyquota, the same script and data. Per cell: new quotas"
+    echo "created during the fault that had no status 60 s after its end; creates admitted in a namespace"
+    echo "churning against \`count/configmaps: 30\` meanwhile, and its peak (an exact count); how long"
+    echo "\`status.used\` took to equal the objects once the writers stopped. CI runs F1, F4 and F6 bounded."
+    echo
+    echo "| fault | KCM's quota controller | lazyquota |"
+    echo "|---|---|---|"
+    awk -F'\t' '
+      NR == 1 { next }
+      {
+        converged = ($11 == "-") ? "never converged" : "converged in " $11 " s"
+        cell = $4 " of " $3 " new quotas without status; " $6 " creates, peak " $9 "/" $10 "; " converged
+        if (!($1 in seen)) { order[++n] = $1; seen[$1] = 1 }
+        if ($2 == "KCM") kcm[$1] = cell; else lazy[$1] = cell
+        what[$1] = $13
+      }
+      END { for (i = 1; i <= n; i++) printf "| %s: %s | %s | %s |\n", order[i], what[order[i]], kcm[order[i]], lazy[order[i]] }
+    ' "$faults"
+  else
+    echo "Not measured yet: \`cargo bench --bench faults\` writes benches/results/faults/faults.tsv."
+  fi
+  echo
   echo "## What no controller can work around"
   echo
   echo "A quota whose *quantity* is malformed in etcd (written past validation, e.g. \`hard: {count/configmaps: 12x}\`)"

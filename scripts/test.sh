@@ -100,6 +100,7 @@ release_bin="$PWD/target/$(rustc --print host-tuple)/release/lazyquota"
 phase "bench: heap (bounded)" env LAZYQUOTA_BENCH_OBJECTS=10000 cargo test --workspace --locked --bench heap
 phase "bench: scale (bounded)" env LAZYQUOTA_BIN="$release_bin" cargo test --workspace --locked --bench scale -- --quick
 phase "bench: scale against a full KCM (bounded)" env LAZYQUOTA_BIN="$release_bin" cargo test --workspace --locked --bench scale -- --quick --full-kcm
+phase "bench: faults against KCM and lazyquota (bounded: F1, F4, F6)" env LAZYQUOTA_BIN="$release_bin" cargo test --workspace --locked --bench faults -- --quick
 phase "bench: load and soak (bounded)" env LAZYQUOTA_BIN="$release_bin" cargo test --workspace --locked --bench load -- --quick
 phase "bench: kcp seed scenario (bounded)" env LAZYQUOTA_BIN="$release_bin" cargo test --workspace --locked --bench kcp -- --quick
 phase "bench: kcp seed scenario across 3 shards (bounded)" env LAZYQUOTA_BIN="$release_bin" cargo test --workspace --locked --bench kcp -- --quick --shards 3

@@ -25,19 +25,18 @@ use std::{
     collections::BTreeMap,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, Ordering},
     },
     time::{Duration, Instant},
 };
 
 use common::{controller, env_u64, quota, test_config};
-use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::{ConfigMap, ResourceQuota};
-use kube::{
-    Api,
-    api::{DeleteParams, ListParams, ObjectMeta, PostParams, WatchEvent, WatchParams},
+use kube::api::{ListParams, PostParams};
+use lazyquota_testenv::{
+    ControlPlane, Flavor, TestNamespace,
+    churn::{Tally, count_exactly, status_writes, write},
 };
-use lazyquota_testenv::{ControlPlane, Flavor, TestNamespace, fixtures::SplitMix64};
 
 const HARD: u64 = 30;
 const WRITERS: u64 = 6;
@@ -52,12 +51,8 @@ const CONVERGE: Duration = Duration::from_secs(10);
 struct Figures {
     /// Most ConfigMaps the namespace held at once (from the watch, in resourceVersion order).
     peak: u64,
-    creates: u64,
-    deletes: u64,
-    /// Creates refused by quota admission ("exceeded quota").
-    denials: u64,
-    /// Any other error the writers got.
-    other_errors: u64,
+    /// What the writers did.
+    tally: Tally,
     /// From the writers' stop until `status.used` equalled the objects (None: not within
     /// [`CONVERGE`]).
     converged: Option<Duration>,
@@ -77,10 +72,10 @@ impl Figures {
         format!(
             "{who:<9} {ns:<28} peak {:>2}/{HARD}  creates {:>5}  deletes {:>5}  denied {:>6}  other errors {:>3}  converged {:>9}  status writes {:>5} ok + {:>5} refused ({:.1}/s)  charges expired {:>3}",
             self.peak,
-            self.creates,
-            self.deletes,
-            self.denials,
-            self.other_errors,
+            self.tally.creates,
+            self.tally.deletes,
+            self.tally.denials,
+            self.tally.other_errors + self.tally.unknown,
             self.converged
                 .map_or_else(|| "never".to_owned(), |d| format!("{:.2} s", d.as_secs_f64())),
             self.writes_ok,
@@ -90,107 +85,6 @@ impl Figures {
                 .map_or_else(|| "-".to_string(), |n| n.to_string()),
         )
     }
-}
-
-/// Counts the namespace's ConfigMaps from a list and then its watch, every event in order;
-/// returns the peak once `stop` is set.
-async fn count_exactly(api: Api<ConfigMap>, stop: Arc<AtomicU64>) -> u64 {
-    let list = api.list_metadata(&ListParams::default()).await.expect("list");
-    let mut count = list.items.len() as u64;
-    let mut peak = count;
-    let mut rv = list.metadata.resource_version.expect("list resourceVersion");
-    while stop.load(Ordering::SeqCst) == 0 {
-        let params = WatchParams::default().timeout(5);
-        let mut events = api.watch_metadata(&params, &rv).await.expect("watch").boxed();
-        while let Some(event) = events.try_next().await.expect("watch stream") {
-            match event {
-                WatchEvent::Added(o) => {
-                    count += 1;
-                    peak = peak.max(count);
-                    rv = o.metadata.resource_version.unwrap_or(rv);
-                }
-                WatchEvent::Deleted(o) => {
-                    count -= 1;
-                    rv = o.metadata.resource_version.unwrap_or(rv);
-                }
-                WatchEvent::Modified(o) => rv = o.metadata.resource_version.unwrap_or(rv),
-                WatchEvent::Bookmark(b) => rv = b.metadata.resource_version,
-                WatchEvent::Error(e) => {
-                    panic!("the counting watch failed ({e:?}): the peak would not be exact")
-                }
-            }
-        }
-    }
-    peak
-}
-
-/// One writer: until `deadline`, create (60 %) or delete one of the ConfigMaps it made (40 %).
-async fn write(api: Api<ConfigMap>, seed: u64, deadline: Instant, figures: Arc<Mutex<Figures>>) {
-    let mut rng = SplitMix64::new(seed);
-    let mut mine: Vec<String> = Vec::new();
-    // A bound on the loop besides the deadline.
-    for _ in 0..200_000 {
-        if Instant::now() >= deadline {
-            break;
-        }
-        if rng.chance(40) && !mine.is_empty() {
-            let name = mine.swap_remove(usize::try_from(rng.below(mine.len() as u64)).expect("an index"));
-            let result = api.delete(&name, &DeleteParams::default()).await;
-            let mut f = figures.lock().unwrap();
-            match result {
-                Ok(_) => f.deletes += 1,
-                Err(_) => f.other_errors += 1,
-            }
-            continue;
-        }
-        let cm = ConfigMap {
-            metadata: ObjectMeta {
-                generate_name: Some("w-".into()),
-                ..ObjectMeta::default()
-            },
-            ..ConfigMap::default()
-        };
-        let result = api.create(&PostParams::default(), &cm).await;
-        let mut f = figures.lock().unwrap();
-        match result {
-            Ok(created) => {
-                f.creates += 1;
-                mine.push(created.metadata.name.expect("a generated name"));
-            }
-            Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("exceeded quota") => {
-                f.denials += 1;
-            }
-            Err(e) => {
-                f.other_errors += 1;
-                if std::env::var("LAZYQUOTA_CHURN_ERRORS").is_ok() {
-                    eprintln!("create failed: {e}");
-                }
-            }
-        }
-    }
-}
-
-/// Status writes to quotas of `namespace` in the apiserver's audit log, by user other than
-/// the apiserver itself (quota admission): (successful, refused).
-fn controller_writes(cp: &ControlPlane, namespace: &str) -> (u64, u64) {
-    let log = cp.kubeconfig().with_file_name("kube-apiserver.audit.log");
-    let text = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("reading {}: {e}", log.display()));
-    let (mut ok, mut refused) = (0, 0);
-    for line in text.lines() {
-        let entry: serde_json::Value = serde_json::from_str(line).expect("an audit entry");
-        if entry["stage"] != "ResponseComplete"
-            || entry["objectRef"]["namespace"] != namespace
-            || entry["user"]["username"] == "system:apiserver"
-        {
-            continue;
-        }
-        if entry["responseStatus"]["code"].as_u64().is_some_and(|c| c < 300) {
-            ok += 1;
-        } else {
-            refused += 1;
-        }
-    }
-    (ok, refused)
 }
 
 /// The churn in a fresh namespace of `flavor`, which is deleted after.
@@ -212,20 +106,13 @@ async fn churn(flavor: Flavor, seconds: u64, seed: u64) -> (String, Figures) {
 
     let expired = || common::controller_counter_with("lazyquota_charges_expired_total", &[]);
     let expired_before = expired();
-    let stop = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
     let counter = tokio::spawn(count_exactly(configmaps.clone(), stop.clone()));
-    let figures = Arc::new(Mutex::new(Figures::default()));
+    let tally = Arc::new(Mutex::new(Tally::default()));
     let started = Instant::now();
     let deadline = started + Duration::from_secs(seconds);
     let writers: Vec<_> = (0..WRITERS)
-        .map(|w| {
-            tokio::spawn(write(
-                configmaps.clone(),
-                seed * 100 + w,
-                deadline,
-                figures.clone(),
-            ))
-        })
+        .map(|w| tokio::spawn(write(configmaps.clone(), seed * 100 + w, deadline, tally.clone())))
         .collect();
     for writer in writers {
         writer.await.expect("writer");
@@ -247,16 +134,21 @@ async fn churn(flavor: Flavor, seconds: u64, seed: u64) -> (String, Figures) {
     })
     .await
     .map(|()| stopped.elapsed());
-    stop.store(1, Ordering::SeqCst);
+    stop.store(true, Ordering::SeqCst);
     let peak = counter.await.expect("counter");
+    assert_eq!(
+        peak.gaps, 0,
+        "the counting watch was resumed where it ended every time: the peak is exact"
+    );
     let name = ns.name().to_owned();
     ns.delete().await.expect("delete namespace");
-    let (writes_ok, writes_refused) = controller_writes(cp, &name);
-    let mut f = Arc::into_inner(figures)
-        .expect("writers done")
-        .into_inner()
-        .unwrap();
-    f.peak = peak;
+    let audit_log = cp.kubeconfig().with_file_name("kube-apiserver.audit.log");
+    let (writes_ok, writes_refused) = status_writes(&audit_log, Some(&name));
+    let mut f = Figures {
+        tally: *tally.lock().unwrap(),
+        ..Figures::default()
+    };
+    f.peak = peak.peak;
     f.converged = converged;
     f.writes_ok = writes_ok;
     f.writes_refused = writes_refused;
@@ -316,7 +208,7 @@ async fn writers_racing_against_hard_never_get_past_it_and_status_converges() {
     }
     for (ns, f) in &lazy {
         assert!(
-            f.denials > 0,
+            f.tally.denials > 0,
             "{ns}: the writers reached hard (admission refused creates): {f:?}"
         );
         assert!(

@@ -4,6 +4,7 @@
 // Each benchmark uses part of it.
 #![allow(dead_code)]
 
+pub mod controllers;
 pub mod readings;
 pub mod stats;
 
@@ -22,6 +23,15 @@ use std::{
 /// # Panics
 /// If it does not start: a benchmark cannot run without it.
 pub fn start_control_plane(name: &str) -> (PathBuf, BTreeMap<String, String>) {
+    start_control_plane_with(name, &[])
+}
+
+/// As [`start_control_plane`], with more of `start.sh`'s options (`LAZYQUOTA_KCM=off`,
+/// `LAZYQUOTA_APISERVER_ARGS=...`).
+///
+/// # Panics
+/// If it does not start.
+pub fn start_control_plane_with(name: &str, options: &[(&str, &str)]) -> (PathBuf, BTreeMap<String, String>) {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let state = repo.join(".lazyquota").join(name);
     eprintln!("{name}: starting the control plane in {}", state.display());
@@ -29,6 +39,7 @@ pub fn start_control_plane(name: &str) -> (PathBuf, BTreeMap<String, String>) {
         .arg(repo.join("tests/control-plane/start.sh"))
         .env("LAZYQUOTA_CP_DIR", &state)
         .env("LAZYQUOTA_KCM_QUOTA", "off")
+        .envs(options.iter().copied())
         .stdout(Stdio::null())
         .status()
         .expect("start.sh");

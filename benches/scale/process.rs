@@ -3,13 +3,13 @@
 
 use std::{
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Child, Stdio},
 };
 
 use kube::Client;
 
 use crate::common::{
-    self,
+    self, controllers,
     readings::{metric, proc_status},
 };
 use crate::plan::Controller;
@@ -114,45 +114,16 @@ pub(crate) fn start(controller: Controller, kubeconfig: &Path, state: &Path) -> 
     let log = std::fs::File::create(state.join(format!("logs/bench-{name}.log"))).expect("log");
     match controller {
         Controller::Kcm | Controller::KcmAll | Controller::KcmAllButQuota => {
-            let bin = std::fs::read_to_string(state.join("env"))
-                .unwrap()
-                .lines()
-                .find_map(|l| l.strip_prefix("LAZYQUOTA_CP_BIN=").map(str::to_owned))
-                .expect("bin dir");
-            let kcm_kubeconfig = state.join("kcm.kubeconfig");
-            let pki = state.join("pki");
-            let child = Command::new(format!("{bin}/kube-controller-manager"))
-                .args(["--kubeconfig", kcm_kubeconfig.to_str().unwrap()])
-                .args(["--authentication-kubeconfig", kcm_kubeconfig.to_str().unwrap()])
-                .args(["--authorization-kubeconfig", kcm_kubeconfig.to_str().unwrap()])
-                .args([
-                    "--authorization-always-allow-paths",
-                    "/healthz,/readyz,/livez,/metrics,/debug/pprof/*",
-                ])
-                .args(["--bind-address", "127.0.0.1", "--secure-port", &port.to_string()])
-                .args([
-                    "--controllers",
-                    controller.kcm_controllers().expect("a KCM configuration"),
-                    "--use-service-account-credentials=true",
-                ])
-                // As the control plane's own KCM: every default controller includes the
-                // service-account token controller, which needs the key.
-                .args([
-                    "--service-account-private-key-file",
-                    pki.join("sa.key").to_str().unwrap(),
-                ])
-                // client-go's default (QPS 20, burst 30) would throttle KCM's lists and writes
-                // while lazyquota has no client-side limiter; lift it so the two compare fairly.
-                .args(["--kube-api-qps", "1000", "--kube-api-burst", "2000"])
-                .args([
-                    "--root-ca-file",
-                    pki.join("ca.crt").to_str().unwrap(),
-                    "--leader-elect=false",
-                ])
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .expect("kube-controller-manager");
+            let child = controllers::kcm_command(
+                state,
+                &state.join("kcm.kubeconfig"),
+                port,
+                controller.kcm_controllers().expect("a KCM configuration"),
+            )
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("kube-controller-manager");
             Process {
                 child,
                 metrics_url: format!("https://127.0.0.1:{port}"),
@@ -174,21 +145,8 @@ pub(crate) fn start(controller: Controller, kubeconfig: &Path, state: &Path) -> 
                 Controller::LazyBinary(_, path) => std::path::PathBuf::from(path),
                 _ => common::lazyquota_binary(),
             };
-            let child = Command::new(binary)
-                .args([
-                    "run",
-                    "--kubeconfig",
-                    kubeconfig.to_str().unwrap(),
-                    "--mode",
-                    mode,
-                ])
-                .args(["--transport", transport])
-                .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-                // `LAZYQUOTA_BENCH_LOG=debug` (say) to read the decisions behind a figure.
-                .env(
-                    "RUST_LOG",
-                    std::env::var("LAZYQUOTA_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
-                )
+            let child = controllers::lazyquota_command(&binary, kubeconfig, port)
+                .args(["--mode", mode, "--transport", transport])
                 .stdout(Stdio::null())
                 .stderr(log)
                 .spawn()

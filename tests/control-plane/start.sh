@@ -157,8 +157,9 @@ if (( ${apiserver_minor:-0} >= 37 )); then
   reconciler=(--endpoint-reconciler-type none)
 fi
 
-# An audit log of ResourceQuota status writes only (who wrote, and the answer), so a test can
-# count each writer's writes exactly: quota admission's charges, KCM's and lazyquota's.
+# An audit log of ResourceQuota status writes (who wrote, and the answer), so a test can count
+# each writer's writes exactly: quota admission's charges, KCM's and lazyquota's; and of lists
+# and watches, so a benchmark can count a controller's relists (benches/faults).
 cat > "$dir/audit-policy.yaml" <<'POLICY'
 apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -167,6 +168,8 @@ rules:
 - level: Metadata
   resources: [{group: "", resources: ["resourcequotas/status"]}]
   verbs: [update, patch]
+- level: Metadata
+  verbs: [list, watch]
 - level: None
 POLICY
 

@@ -20,6 +20,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod churn;
 pub mod fixtures;
 pub mod kcp;
 mod namespace;
@@ -196,6 +197,17 @@ impl ControlPlane {
             });
         }
         start_shared(flavor)
+    }
+
+    /// The control plane `tests/control-plane/start.sh` started in `dir` (a benchmark's own,
+    /// not shared), for its fault helpers ([`Self::kill_and_restart`], [`Self::compact_etcd`]).
+    /// `flavor` says which controllers write quota status there.
+    pub fn attach(dir: &Path, flavor: Flavor) -> Result<Self, Error> {
+        Ok(Self {
+            flavor,
+            kubeconfig: dir.join("admin.kubeconfig"),
+            facts: read_facts(&dir.join("env"))?,
+        })
     }
 
     /// Which controllers write quota status here.
