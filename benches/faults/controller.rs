@@ -61,7 +61,8 @@ pub(crate) struct Deployment {
     state: PathBuf,
     kubeconfig: PathBuf,
     leader_elect: bool,
-    replicas: Vec<Replica>,
+    /// `None`: a replica removed for good (its pod gone).
+    replicas: Vec<Option<Replica>>,
     /// Replicas the harness started again after they exited on their own.
     pub(crate) restarts: u64,
 }
@@ -69,7 +70,7 @@ pub(crate) struct Deployment {
 impl Drop for Deployment {
     /// A failed run must not leave a controller running.
     fn drop(&mut self) {
-        for replica in &mut self.replicas {
+        for replica in self.replicas.iter_mut().flatten() {
             common::stop_child(&mut replica.child);
         }
     }
@@ -98,10 +99,10 @@ impl Deployment {
         deployment
     }
 
-    /// Starts one more replica.
+    /// Starts one more replica (a new pod: a name of its own).
     pub(crate) fn add_replica(&mut self) {
         let replica = self.spawn(self.replicas.len());
-        self.replicas.push(replica);
+        self.replicas.push(Some(replica));
     }
 
     fn spawn(&self, index: usize) -> Replica {
@@ -146,16 +147,21 @@ impl Deployment {
         Replica { child, port, log }
     }
 
-    /// SIGKILL to replica `index` (no chance to release a Lease or finish a write).
-    pub(crate) fn kill(&mut self, index: usize) {
-        let child = &mut self.replicas[index].child;
-        let _ = child.kill();
-        let _ = child.wait();
+    /// SIGKILL to replica `index` (no chance to release a Lease or finish a write); started
+    /// again by [`Self::start_again`], or gone for good with `remove` (its pod deleted).
+    pub(crate) fn kill(&mut self, index: usize, remove: bool) {
+        if let Some(replica) = self.replicas[index].as_mut() {
+            let _ = replica.child.kill();
+            let _ = replica.child.wait();
+        }
+        if remove {
+            self.replicas[index] = None;
+        }
     }
 
     /// Starts replica `index` again (after [`Self::kill`]).
     pub(crate) fn start_again(&mut self, index: usize) {
-        self.replicas[index] = self.spawn(index);
+        self.replicas[index] = Some(self.spawn(index));
     }
 
     /// Starts every replica that exited on its own again, as a Deployment's kubelet would;
@@ -163,8 +169,11 @@ impl Deployment {
     pub(crate) fn keep_running(&mut self) -> u64 {
         let mut started = 0;
         for index in 0..self.replicas.len() {
-            if self.replicas[index].child.try_wait().ok().flatten().is_some() {
-                self.replicas[index] = self.spawn(index);
+            let exited = self.replicas[index]
+                .as_mut()
+                .is_some_and(|r| r.child.try_wait().ok().flatten().is_some());
+            if exited {
+                self.start_again(index);
                 started += 1;
             }
         }
@@ -174,7 +183,7 @@ impl Deployment {
 
     /// The replica that leads now (its leader gauge is 1), if one does.
     pub(crate) async fn leader(&self) -> Option<usize> {
-        for (index, _) in self.replicas.iter().enumerate() {
+        for index in 0..self.replicas.len() {
             if metric(&self.metrics_of(index).await, self.who.leader_metric()) >= 1.0 {
                 return Some(index);
             }
@@ -184,11 +193,14 @@ impl Deployment {
 
     /// Replica `index`'s `/metrics` text (empty when it does not answer).
     pub(crate) async fn metrics_of(&self, index: usize) -> String {
+        let Some(replica) = &self.replicas[index] else {
+            return String::new();
+        };
         let scheme = match self.who {
             Who::Kcm => "https",
             Who::Lazy => "http",
         };
-        let url = format!("{scheme}://127.0.0.1:{}", self.replicas[index].port);
+        let url = format!("{scheme}://127.0.0.1:{}", replica.port);
         let mut config = kube::Config::new(url.parse().expect("url"));
         // KCM serves a self-signed certificate; loopback only.
         config.accept_invalid_certs = true;
@@ -213,6 +225,7 @@ impl Deployment {
     pub(crate) fn logs(&self) -> String {
         self.replicas
             .iter()
+            .flatten()
             .map(|r| std::fs::read_to_string(&r.log).unwrap_or_default())
             .collect()
     }

@@ -283,15 +283,16 @@ async fn inject(
             cp.kill_and_restart("etcd").await;
         }
         Fault::F6 => {
-            deployment.kill(0);
+            deployment.kill(0, false);
             tokio::time::sleep(Duration::from_secs(1)).await;
             deployment.start_again(0);
         }
         Fault::F7 => {
+            // The leader's pod is gone; a new one (a name of its own) comes 1 s later.
             let leader = deployment.leader().await.unwrap_or(0);
-            deployment.kill(leader);
+            deployment.kill(leader, true);
             tokio::time::sleep(Duration::from_secs(1)).await;
-            deployment.start_again(leader);
+            deployment.add_replica();
         }
         Fault::F8 => proxy.expect("F8 runs behind the proxy").set_black_hole(true),
         Fault::F9 => {
