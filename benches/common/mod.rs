@@ -66,6 +66,18 @@ pub fn cores() -> usize {
     std::thread::available_parallelism().map_or(0, std::num::NonZero::get)
 }
 
+/// A free loopback port (for a controller's metrics address).
+///
+/// # Panics
+/// If no loopback port can be bound.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
 /// Stops what [`start_control_plane`] started.
 pub fn stop_control_plane(state: &Path) {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));

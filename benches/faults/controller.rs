@@ -61,6 +61,8 @@ pub(crate) struct Deployment {
     state: PathBuf,
     kubeconfig: PathBuf,
     leader_elect: bool,
+    /// kube-apiserver's `--request-timeout`, given to lazyquota.
+    request_timeout: Duration,
     /// `None`: a replica removed for good (its pod gone).
     replicas: Vec<Option<Replica>>,
     /// Replicas the harness started again after they exited on their own.
@@ -79,7 +81,13 @@ impl Drop for Deployment {
 impl Deployment {
     /// Starts one replica of `who` against `kubeconfig` (by default the control plane's
     /// `kcm.kubeconfig` for KCM, `admin.kubeconfig` for lazyquota).
-    pub(crate) fn start(who: Who, state: &Path, kubeconfig: Option<&Path>, leader_elect: bool) -> Self {
+    pub(crate) fn start(
+        who: Who,
+        state: &Path,
+        kubeconfig: Option<&Path>,
+        leader_elect: bool,
+        request_timeout: Duration,
+    ) -> Self {
         let kubeconfig = kubeconfig.map_or_else(
             || match who {
                 Who::Kcm => state.join("kcm.kubeconfig"),
@@ -92,6 +100,7 @@ impl Deployment {
             state: state.to_owned(),
             kubeconfig,
             leader_elect,
+            request_timeout,
             replicas: Vec::new(),
             restarts: 0,
         };
@@ -106,7 +115,7 @@ impl Deployment {
     }
 
     fn spawn(&self, index: usize) -> Replica {
-        let port = crate::free_port();
+        let port = common::free_port();
         let log = self
             .state
             .join(format!("logs/faults-{}-{index}.log", self.who).to_lowercase());
@@ -128,6 +137,11 @@ impl Deployment {
             Who::Lazy => {
                 let mut c =
                     controllers::lazyquota_command(&common::lazyquota_binary(), &self.kubeconfig, port);
+                // The apiserver's request timeout: how long a charge no object paid is held.
+                c.args([
+                    "--apiserver-request-timeout",
+                    &format!("{}s", self.request_timeout.as_secs()),
+                ]);
                 if self.leader_elect {
                     // The same defaults as KCM's.
                     c.args([

@@ -10,6 +10,7 @@ use kube::{
     Api, Client,
     api::{ApiResource, DynamicObject, PostParams},
 };
+use lazyquota_testenv::unavailable;
 
 /// The group of the broken CRD (F1, F2): what a controller's logs, Events and metrics should
 /// name.
@@ -121,8 +122,13 @@ impl Fault {
         match self {
             Self::F1 | Self::F2 => &[BROKEN_GROUP],
             Self::F3 => &[GHOST_GROUP],
-            Self::F4 => &["connection refused"],
-            Self::F5 | Self::F5NoCache => &["too old resource version", "410", "expired"],
+            Self::F4 => &[
+                "connection refused",
+                "connection reset",
+                "error trying to connect",
+            ],
+            // Not "410": it matches timestamps.
+            Self::F5 | Self::F5NoCache => &["too old resource version", "expired", "gone"],
             Self::F8 => &["timed out", "timeout", "deadline"],
             Self::F6 | Self::F7 | Self::F9 => &[],
         }
@@ -142,23 +148,10 @@ impl fmt::Display for Fault {
 /// loopback listener that accepts and says nothing, kept by the caller), and one object stored
 /// at v1, so that listing v2 needs a conversion.
 pub(crate) async fn create_broken_crd(client: &Client, webhook_port: u16, namespace: &str) {
-    let crd: CustomResourceDefinition = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": format!("brokens.{BROKEN_GROUP}")},
-        "spec": {
-            "group": BROKEN_GROUP, "scope": "Namespaced",
-            "names": {"plural": "brokens", "singular": "broken", "kind": "Broken"},
-            "versions": [
-                {"name": "v1", "served": true, "storage": true,
-                 "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}},
-                {"name": "v2", "served": true, "storage": false,
-                 "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}
-            ],
-            "conversion": {"strategy": "Webhook", "webhook": {
-                "conversionReviewVersions": ["v1"],
-                "clientConfig": {"url": format!("https://127.0.0.1:{webhook_port}/convert")}}}
-        }
-    }))
-    .expect("CRD");
+    let crd = unavailable::broken_conversion_crd(
+        BROKEN_GROUP,
+        &format!("https://127.0.0.1:{webhook_port}/convert"),
+    );
     Api::<CustomResourceDefinition>::all(client.clone())
         .create(&PostParams::default(), &crd)
         .await
@@ -206,22 +199,12 @@ pub(crate) async fn silent_webhook() -> u16 {
 
 /// Creates an APIService for [`GHOST_GROUP`] whose Service (in `namespace`) has no endpoints.
 pub(crate) async fn create_ghost_apiservice(client: &Client, namespace: &str) {
-    let service: Service = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "ghost"},
-        "spec": {"ports": [{"port": 443, "protocol": "TCP"}]}
-    }))
-    .expect("service");
+    let service = unavailable::ghost_service();
     Api::<Service>::namespaced(client.clone(), namespace)
         .create(&PostParams::default(), &service)
         .await
         .expect("a Service without endpoints");
-    let apiservice: APIService = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": format!("v1alpha1.{GHOST_GROUP}")},
-        "spec": {"group": GHOST_GROUP, "version": "v1alpha1", "groupPriorityMinimum": 1000,
-                 "versionPriority": 15, "insecureSkipTLSVerify": true,
-                 "service": {"namespace": namespace, "name": "ghost", "port": 443}}
-    }))
-    .expect("apiservice");
+    let apiservice = unavailable::ghost_apiservice(GHOST_GROUP, namespace);
     Api::<APIService>::all(client.clone())
         .create(&PostParams::default(), &apiservice)
         .await

@@ -5,17 +5,18 @@ use std::{fmt::Write as _, path::Path, time::Duration};
 
 use crate::controller::Who;
 use crate::fault::Fault;
-use crate::run::{AFTER, CONVERGE, HARD, NEW_QUOTAS, Outcome};
+use crate::run::{HARD, NEW_QUOTAS, Outcome};
 use crate::{Args, common};
 
 /// What lazyquota did wrong in these runs (empty: nothing): a new quota without a status
-/// [`AFTER`] a fault's end, the namespace past `hard`, or no convergence.
-pub(crate) fn lazyquota_failures(outcomes: &[Outcome]) -> Vec<String> {
+/// `args.timing.after` a fault's end, the namespace past `hard`, or no convergence.
+pub(crate) fn lazyquota_failures(args: &Args, outcomes: &[Outcome]) -> Vec<String> {
+    let (after, converge) = (args.timing.after, args.timing.converge());
     let mut failures = Vec::new();
     for o in outcomes.iter().filter(|o| o.who == Who::Lazy) {
         if o.stuck() > 0 {
             failures.push(format!(
-                "{}: {} new quota(s) without a status {AFTER:?} after the fault's end",
+                "{}: {} new quota(s) without a status {after:?} after the fault's end",
                 o.fault,
                 o.stuck()
             ));
@@ -28,7 +29,7 @@ pub(crate) fn lazyquota_failures(outcomes: &[Outcome]) -> Vec<String> {
         }
         if o.converged.is_none() {
             failures.push(format!(
-                "{}: status.used did not equal the objects within {CONVERGE:?} of the writers' stop",
+                "{}: status.used did not equal the objects within {converge:?} of the writers' stop",
                 o.fault
             ));
         }
@@ -76,7 +77,9 @@ pub(crate) fn write(out: &Path, args: &Args, outcomes: &[Outcome]) {
          it and lasts half of it (F8: 30 s); the writers stop a quarter of the window after the \
          fault's end. During the fault {NEW_QUOTAS} quotas (`pods`, `count/configmaps`) are \
          created in fresh namespaces, spread over it, each timed from its creation to a status \
-         holding both keys; one without a status {} s after the fault's end counts as none.\n",
+         holding both keys; one without a status {} s after the fault's end counts as none. \
+         kube-apiserver's `--request-timeout` and lazyquota's `--apiserver-request-timeout`: {} s \
+         (how long lazyquota holds a charge no object paid for).\n",
         if cfg!(debug_assertions) {
             "cargo test"
         } else {
@@ -86,8 +89,9 @@ pub(crate) fn write(out: &Path, args: &Args, outcomes: &[Outcome]) {
         common::commit(),
         common::cores(),
         common::binary_note(),
-        args.window.as_secs(),
-        AFTER.as_secs(),
+        args.timing.window.as_secs(),
+        args.timing.after.as_secs(),
+        args.timing.request_timeout.as_secs(),
     );
     let _ = writeln!(md, "## Summary\n");
     let _ = writeln!(
@@ -170,14 +174,14 @@ pub(crate) fn write(out: &Path, args: &Args, outcomes: &[Outcome]) {
         };
         let _ = writeln!(md, "- **{fault}**: {}.{persists}", fault.describe());
     }
-    let failures = lazyquota_failures(outcomes);
+    let failures = lazyquota_failures(args, outcomes);
     let _ = writeln!(md, "\n## lazyquota's guarantees in these runs\n");
     if failures.is_empty() {
         let _ = writeln!(
             md,
             "Every new quota had a status within {} s of its fault's end, the churning namespace \
              never held more than `hard`, and `status.used` equalled the objects after every fault.",
-            AFTER.as_secs()
+            args.timing.after.as_secs()
         );
     } else {
         for failure in failures {

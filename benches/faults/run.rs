@@ -36,12 +36,27 @@ const KEY: &str = "count/configmaps";
 const WRITERS: u64 = 6;
 /// New quotas created during each fault.
 pub(crate) const NEW_QUOTAS: u32 = 5;
-/// How long after a fault's end a quota may be without a status before it counts as stuck.
-pub(crate) const AFTER: Duration = Duration::from_mins(1);
-/// How long after the writers stop `status.used` may take to equal the objects: lazyquota
-/// holds a charge no object paid for up to its create bound (one minute, kube-apiserver's
-/// request timeout), plus a margin.
-pub(crate) const CONVERGE: Duration = Duration::from_secs(75);
+/// The clocks of a run.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timing {
+    /// The churn's length around the fault (a quarter before it, a quarter after).
+    pub(crate) window: Duration,
+    /// How long after a fault's end a quota may be without a status before it counts as none.
+    pub(crate) after: Duration,
+    /// kube-apiserver's `--request-timeout`, and lazyquota's `--apiserver-request-timeout` with
+    /// it: how long lazyquota holds a charge no object paid for.
+    pub(crate) request_timeout: Duration,
+    /// How long the churning quota's first status is waited for before the churn starts.
+    pub(crate) first_status: Duration,
+}
+
+impl Timing {
+    /// How long after the writers stop `status.used` may take to equal the objects: lazyquota
+    /// holds a charge no object paid for up to the request timeout, plus a margin.
+    pub(crate) fn converge(self) -> Duration {
+        self.request_timeout + Duration::from_secs(15)
+    }
+}
 
 /// What one run showed.
 #[derive(Debug)]
@@ -52,12 +67,12 @@ pub(crate) struct Outcome {
     /// started (None: not before the churn began).
     pub(crate) first_status: Option<Duration>,
     /// Each new quota's time from its creation to a status holding all its keys (None: none
-    /// [`AFTER`] the fault's end).
+    /// [`Timing::after`] the fault's end).
     pub(crate) new_quotas: Vec<Option<Duration>>,
     pub(crate) peak: Peak,
     pub(crate) tally: Tally,
     /// From the writers' stop until `status.used` equalled the objects (None: not within
-    /// [`CONVERGE`]).
+    /// [`Timing::converge`]).
     pub(crate) converged: Option<Duration>,
     /// The controller's status writes (successful, refused) over the run, from the audit log.
     pub(crate) writes: (u64, u64),
@@ -74,15 +89,14 @@ pub(crate) struct Outcome {
 }
 
 impl Outcome {
-    /// New quotas without a status [`AFTER`] the fault's end.
+    /// New quotas without a status [`Timing::after`] the fault's end.
     pub(crate) fn stuck(&self) -> usize {
         self.new_quotas.iter().filter(|t| t.is_none()).count()
     }
 }
 
-/// Runs `fault` against `who` on a fresh control plane; `window` is the churn's length
-/// around the fault (a quarter before it, a quarter after).
-pub(crate) async fn run(fault: Fault, who: Who, window: Duration) -> Outcome {
+/// Runs `fault` against `who` on a fresh control plane.
+pub(crate) async fn run(fault: Fault, who: Who, timing: Timing) -> Outcome {
     let started = Instant::now();
     let (state, _) = crate::common::start_control_plane_with(
         "faults",
@@ -96,7 +110,7 @@ pub(crate) async fn run(fault: Fault, who: Who, window: Duration) -> Outcome {
     );
     let cp = ControlPlane::attach(&state, Flavor::LazyquotaOnly).expect("the control plane");
     let client = crate::client(&state.join("admin.kubeconfig")).await;
-    let outcome = measure(fault, who, window, &state, &cp, &client).await;
+    let outcome = measure(fault, who, timing, &state, &cp, &client).await;
     crate::common::stop_control_plane(&state);
     Outcome {
         seconds: started.elapsed().as_secs_f64(),
@@ -107,11 +121,12 @@ pub(crate) async fn run(fault: Fault, who: Who, window: Duration) -> Outcome {
 async fn measure(
     fault: Fault,
     who: Who,
-    window: Duration,
+    timing: Timing,
     state: &Path,
     cp: &ControlPlane,
     client: &Client,
 ) -> Outcome {
+    let window = timing.window;
     create_namespace(client, "churn", Duration::from_secs(10)).await;
     let quotas = Api::<ResourceQuota>::namespaced(client.clone(), "churn");
     quotas
@@ -153,6 +168,7 @@ async fn measure(
             .map(|_| state.join("proxied.kubeconfig"))
             .as_deref(),
         fault == Fault::F7,
+        timing.request_timeout,
     );
     if fault == Fault::F7 {
         // The first replica leads before the second starts.
@@ -162,7 +178,7 @@ async fn measure(
         .await;
         deployment.add_replica();
     }
-    let first_status = wait_for(Duration::from_secs(20), || async {
+    let first_status = wait_for(timing.first_status, || async {
         used_of(&quotas, "q", &[KEY]).await.is_some()
     })
     .await
@@ -192,7 +208,7 @@ async fn measure(
             let at = fault_start + duration * i / NEW_QUOTAS;
             tokio::spawn(async move {
                 tokio::time::sleep_until(at.into()).await;
-                new_quota(&client, &format!("new-{i}"), fault_end + AFTER).await
+                new_quota(&client, &format!("new-{i}"), fault_end + timing.after).await
             })
         })
         .collect();
@@ -229,7 +245,7 @@ async fn measure(
         {
             break Some(stopped.elapsed());
         }
-        if stopped.elapsed() > CONVERGE {
+        if stopped.elapsed() > timing.converge() {
             break None;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -95,16 +95,8 @@ impl Process {
     }
 }
 
-pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
 pub(crate) fn start(controller: Controller, kubeconfig: &Path, state: &Path) -> Process {
-    let port = free_port();
+    let port = common::free_port();
     // A file name: a variant's label, never its path.
     let name: String = controller
         .name()

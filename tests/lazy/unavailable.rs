@@ -16,24 +16,8 @@ async fn a_crd_with_a_broken_conversion_webhook_withholds_only_its_key() {
         .expect("namespace");
     let client = ns.client();
     let group = format!("{}.lazyquota.test", unique_name("g"));
-    let crd: CustomResourceDefinition = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": format!("brokens.{group}")},
-        "spec": {
-            "group": group, "scope": "Namespaced",
-            "names": {"plural": "brokens", "singular": "broken", "kind": "Broken"},
-            "versions": [
-                {"name": "v1", "served": true, "storage": true,
-                 "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}},
-                {"name": "v2", "served": true, "storage": false,
-                 "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}
-            ],
-            // Nothing listens on loopback port 1: every conversion fails.
-            "conversion": {"strategy": "Webhook", "webhook": {
-                "conversionReviewVersions": ["v1"],
-                "clientConfig": {"url": "https://127.0.0.1:1/convert"}}}
-        }
-    }))
-    .expect("CRD");
+    // Nothing listens on loopback port 1: every conversion fails.
+    let crd = lazyquota_testenv::unavailable::broken_conversion_crd(&group, "https://127.0.0.1:1/convert");
     kube::Api::<CustomResourceDefinition>::all(client.clone())
         .create(&PostParams::default(), &crd)
         .await
@@ -113,22 +97,12 @@ async fn an_unavailable_apiservice_holds_only_its_keys() {
         .expect("namespace");
     let client = ns.client();
     let group = format!("{}.lazyquota.test", unique_name("ghost"));
-    let service: Service = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "ghost"},
-        "spec": {"ports": [{"port": 443, "protocol": "TCP"}]}
-    }))
-    .expect("service");
+    let service = lazyquota_testenv::unavailable::ghost_service();
     ns.api::<Service>()
         .create(&PostParams::default(), &service)
         .await
         .expect("service without endpoints");
-    let apiservice: APIService = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": format!("v1alpha1.{group}")},
-        "spec": {"group": group, "version": "v1alpha1", "groupPriorityMinimum": 1000,
-                 "versionPriority": 15, "insecureSkipTLSVerify": true,
-                 "service": {"namespace": ns.name(), "name": "ghost", "port": 443}}
-    }))
-    .expect("apiservice");
+    let apiservice = lazyquota_testenv::unavailable::ghost_apiservice(&group, ns.name());
     let apiservices = kube::Api::<APIService>::all(client.clone());
     apiservices
         .create(&PostParams::default(), &apiservice)

@@ -26,6 +26,7 @@ pub mod kcp;
 mod namespace;
 pub mod proxy;
 mod start;
+pub mod unavailable;
 
 pub use namespace::TestNamespace;
 use start::{apiserver_ready, start_shared};
