@@ -13,7 +13,8 @@
 //! `benches/results/faults/` (or `--out`; `--quick` writes into `target/faults-quick/`).
 //! Exits non-zero when lazyquota left a new quota without a status 60 s (bounded: 30 s) after a
 //! fault's end, let the namespace past `hard` (by an exact count), or did not converge within
-//! the request timeout and 15 s after the writers stopped: behaviour, never a time.
+//! the request timeout and 15 s (bounded: 10 s) after the writers stopped: behaviour, never a
+//! time.
 
 #![allow(
     clippy::cast_precision_loss,
@@ -59,6 +60,7 @@ impl Args {
                 // kube-apiserver's default.
                 request_timeout: Duration::from_mins(1),
                 first_status: Duration::from_secs(20),
+                margin: Duration::from_secs(15),
             },
             out: "benches/results/faults".into(),
             quick: false,
@@ -107,7 +109,8 @@ impl Args {
                 window: Duration::from_secs(20),
                 after: Duration::from_secs(30),
                 request_timeout: Duration::from_secs(15),
-                first_status: Duration::from_secs(10),
+                first_status: Duration::from_secs(5),
+                margin: Duration::from_secs(10),
             };
             args.out = "target/faults-quick".into();
         }

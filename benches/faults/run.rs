@@ -48,13 +48,15 @@ pub(crate) struct Timing {
     pub(crate) request_timeout: Duration,
     /// How long the churning quota's first status is waited for before the churn starts.
     pub(crate) first_status: Duration,
+    /// How much longer than the request timeout convergence is waited for.
+    pub(crate) margin: Duration,
 }
 
 impl Timing {
     /// How long after the writers stop `status.used` may take to equal the objects: lazyquota
     /// holds a charge no object paid for up to the request timeout, plus a margin.
     pub(crate) fn converge(self) -> Duration {
-        self.request_timeout + Duration::from_secs(15)
+        self.request_timeout + self.margin
     }
 }
 
