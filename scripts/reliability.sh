@@ -114,8 +114,8 @@ elapsed=$((SECONDS - start))
     echo "churning against \`count/configmaps: 30\` meanwhile, and its peak (an exact count); how long"
     echo "\`status.used\` took to equal the objects once the writers stopped. CI runs F1, F4 and F6 bounded."
     echo
-    echo "| fault | KCM's quota controller | lazyquota |"
-    echo "|---|---|---|"
+    echo "| fault | KCM's quota controller | lazyquota | result file |"
+    echo "|---|---|---|---|"
     awk -F'\t' '
       NR == 1 { next }
       {
@@ -125,7 +125,7 @@ elapsed=$((SECONDS - start))
         if ($2 == "KCM") kcm[$1] = cell; else lazy[$1] = cell
         what[$1] = $13
       }
-      END { for (i = 1; i <= n; i++) printf "| %s: %s | %s | %s |\n", order[i], what[order[i]], kcm[order[i]], lazy[order[i]] }
+      END { for (i = 1; i <= n; i++) printf "| %s: %s | %s | %s | `benches/results/faults/faults.md` |\n", order[i], what[order[i]], kcm[order[i]], lazy[order[i]] }
     ' "$faults"
     echo
     echo "Where lazyquota does worse than KCM in these rows, and why:"

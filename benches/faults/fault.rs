@@ -77,7 +77,7 @@ impl Fault {
             Self::F5NoCache => "as F5 with kube-apiserver's watch cache off (`--watch-cache=false`)",
             Self::F6 => "the controller killed (SIGKILL) in the middle of churn and started again 1 s later",
             Self::F7 => {
-                "two replicas with leader election; the leader killed (SIGKILL) under churn and started again as a standby"
+                "two replicas with leader election; the leader killed (SIGKILL) under churn, its pod gone, a new replica (a name of its own) started 1 s later"
             }
             Self::F8 => {
                 "the controller's connection to kube-apiserver black-holed for 30 s (a loopback proxy that forwards nothing and closes nothing), then restored"

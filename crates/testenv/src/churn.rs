@@ -116,8 +116,8 @@ pub async fn count_exactly(api: Api<ConfigMap>, stop: Arc<AtomicBool>) -> Peak {
     peak
 }
 
-/// A growing wait, 100 ms to 1.6 s, so that a watch against an apiserver that is down does not
-/// spin.
+/// A growing wait (doubling from 100 ms, up to 16 times that), so that a watch against an
+/// apiserver that is down does not spin.
 async fn back_off(failures: u32) {
     tokio::time::sleep(Duration::from_millis(100 << failures.min(4))).await;
 }
