@@ -130,8 +130,9 @@ elapsed=$((SECONDS - start))
     echo
     echo "Where lazyquota does worse than KCM in these rows, and why:"
     echo
-    echo "- **Creates admitted, and convergence, after a restart under churn** (F4–F7): when lazyquota"
-    echo "  starts again or its watches relist, the quota's stored \`used\` holds charges quota admission"
+    echo "- **Creates admitted, and convergence, after a restart under churn** (creates: F6, F7;"
+    echo "  convergence: F4, F5, F8): when lazyquota starts again or its watches relist after an outage,"
+    echo "  the quota's stored \`used\` holds charges quota admission"
     echo "  made while nothing watched, for ConfigMaps created and often deleted again before the watch"
     echo "  resumed. No event will pay them, and nothing a client can read tells them from creates still"
     echo "  on their way, so lazyquota holds them until the create bound (kube-apiserver's request"
