@@ -15,7 +15,7 @@ use kube::{
 };
 use lazyquota_quota::Quantity;
 
-use crate::common::readings::connections;
+use crate::common::readings::{bytes_received, connections, cpu_seconds};
 use crate::data::{Data, Quotas, crd_plural, create_core, quota_object};
 use crate::plan::{Args, Controller, Sample};
 use crate::process::start;
@@ -52,10 +52,18 @@ pub(crate) async fn measure(
         .unwrap()
         .to_owned();
     let baseline_watches = apiserver_watch_count(client).await;
+    let apiserver_pid: u32 = std::fs::read_to_string(state.join("kube-apiserver.pid"))
+        .expect("kube-apiserver's pid file")
+        .trim()
+        .parse()
+        .expect("a pid");
+    let apiserver_cpu = cpu_seconds(apiserver_pid);
     let started = Instant::now();
     let process = start(controller, kubeconfig, state);
     wait_synced(client, data, &quotas, controller.name(), started).await;
     let first_sync = started.elapsed();
+    let sync_cpu = cpu_seconds(process.child.id());
+    let sync_apiserver_cpu = cpu_seconds(apiserver_pid) - apiserver_cpu;
     tokio::time::sleep(args.settle).await;
 
     let reading = process.reading().await;
@@ -67,6 +75,9 @@ pub(crate) async fn measure(
         connections: connections(process.child.id(), &apiserver_port),
         apiserver_watches: apiserver_watch_count(client).await - baseline_watches,
         first_sync,
+        sync_cpu,
+        sync_apiserver_cpu,
+        received_bytes: bytes_received(process.child.id(), &apiserver_port),
         ..Sample::default()
     };
 

@@ -222,6 +222,13 @@ pub(crate) struct Sample {
     pub(crate) connections: f64,
     pub(crate) apiserver_watches: f64,
     pub(crate) first_sync: Duration,
+    /// CPU seconds the controller used from its start until every quota was synced.
+    pub(crate) sync_cpu: f64,
+    /// CPU seconds kube-apiserver used meanwhile.
+    pub(crate) sync_apiserver_cpu: f64,
+    /// Bytes the controller had received from kube-apiserver when it was read (after the
+    /// first sync and the settling time), over the connections it holds.
+    pub(crate) received_bytes: f64,
     pub(crate) new_quota: Vec<Duration>,
     /// A `requests.cpu` quota beside the namespace's `compute` quota (pods watched, quiet).
     pub(crate) typed_quota: Vec<Duration>,

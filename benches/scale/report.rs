@@ -62,6 +62,34 @@ pub(crate) fn write_results(args: &Args, results: &Results) {
             );
         }
     }
+    let _ = writeln!(md, "\n## CPU and bytes of the first sync\n");
+    let _ = writeln!(
+        md,
+        "From the controller's start until every quota of the data has its status: the controller's CPU \
+         seconds and kube-apiserver's (user + system, /proc/<pid>/stat; the apiserver's include the \
+         harness polling the quotas, the same for each controller), and the bytes the controller had \
+         received from the apiserver over its open connections once settled (`ss -ti`, `bytes_received`).\n"
+    );
+    let _ = writeln!(
+        md,
+        "| N | controller | controller CPU s | kube-apiserver CPU s | received MiB |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|");
+    for &n in &args.crds {
+        for c in controllers {
+            let Some(s) = results.get(&(n, c.name())) else {
+                continue;
+            };
+            let _ = writeln!(
+                md,
+                "| {n} | {} | {:.2} | {:.2} | {:.2} |",
+                c.name(),
+                s.sync_cpu,
+                s.sync_apiserver_cpu,
+                mib(s.received_bytes),
+            );
+        }
+    }
     let slope_table = |md: &mut String, lo: usize, hi: usize, title: &str| {
         let _ = writeln!(md, "\n## {title} (slope from N = {lo} to N = {hi})\n");
         let _ = writeln!(
