@@ -33,34 +33,37 @@ pub(crate) fn write_results(args: &Args, results: &Results) {
     );
     let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mib = |b: f64| b / 1_048_576.0;
-    for &n in &args.crds {
-        for c in controllers {
-            let Some(s) = results.get(&(n, c.name())) else {
-                continue;
-            };
-            let _ = writeln!(
-                md,
-                "| {n} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {} | {}/{} | {}/{} | {}/{} | {}/{} | {}/{} |",
-                c.name(),
-                s.tasks,
-                mib(s.heap_bytes),
-                mib(s.rss_bytes),
-                mib(s.anon_bytes),
-                s.connections,
-                s.apiserver_watches,
-                s.first_sync.as_millis(),
-                ms(percentile(&s.new_quota, 50.0)),
-                ms(percentile(&s.new_quota, 99.0)),
-                ms(percentile(&s.typed_quota, 50.0)),
-                ms(percentile(&s.typed_quota, 99.0)),
-                ms(percentile(&s.memory_quota, 50.0)),
-                ms(percentile(&s.memory_quota, 99.0)),
-                ms(percentile(&s.scoped_quota, 50.0)),
-                ms(percentile(&s.scoped_quota, 99.0)),
-                ms(percentile(&s.delete, 50.0)),
-                ms(percentile(&s.delete, 99.0)),
-            );
-        }
+    // Every measured (N, controller) in the table's order.
+    let rows = || {
+        args.crds.iter().flat_map(move |&n| {
+            controllers
+                .iter()
+                .filter_map(move |c| results.get(&(n, c.name())).map(|s| (n, c, s)))
+        })
+    };
+    for (n, c, s) in rows() {
+        let _ = writeln!(
+            md,
+            "| {n} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {} | {}/{} | {}/{} | {}/{} | {}/{} | {}/{} |",
+            c.name(),
+            s.tasks,
+            mib(s.heap_bytes),
+            mib(s.rss_bytes),
+            mib(s.anon_bytes),
+            s.connections,
+            s.apiserver_watches,
+            s.first_sync.as_millis(),
+            ms(percentile(&s.new_quota, 50.0)),
+            ms(percentile(&s.new_quota, 99.0)),
+            ms(percentile(&s.typed_quota, 50.0)),
+            ms(percentile(&s.typed_quota, 99.0)),
+            ms(percentile(&s.memory_quota, 50.0)),
+            ms(percentile(&s.memory_quota, 99.0)),
+            ms(percentile(&s.scoped_quota, 50.0)),
+            ms(percentile(&s.scoped_quota, 99.0)),
+            ms(percentile(&s.delete, 50.0)),
+            ms(percentile(&s.delete, 99.0)),
+        );
     }
     let _ = writeln!(md, "\n## CPU and bytes of the first sync\n");
     let _ = writeln!(
@@ -75,20 +78,15 @@ pub(crate) fn write_results(args: &Args, results: &Results) {
         "| N | controller | controller CPU s | kube-apiserver CPU s | received MiB |"
     );
     let _ = writeln!(md, "|---|---|---|---|---|");
-    for &n in &args.crds {
-        for c in controllers {
-            let Some(s) = results.get(&(n, c.name())) else {
-                continue;
-            };
-            let _ = writeln!(
-                md,
-                "| {n} | {} | {:.2} | {:.2} | {:.2} |",
-                c.name(),
-                s.sync_cpu,
-                s.sync_apiserver_cpu,
-                mib(s.received_bytes),
-            );
-        }
+    for (n, c, s) in rows() {
+        let _ = writeln!(
+            md,
+            "| {n} | {} | {:.2} | {:.2} | {:.2} |",
+            c.name(),
+            s.sync_cpu,
+            s.sync_apiserver_cpu,
+            mib(s.received_bytes),
+        );
     }
     let slope_table = |md: &mut String, lo: usize, hi: usize, title: &str| {
         let _ = writeln!(md, "\n## {title} (slope from N = {lo} to N = {hi})\n");
