@@ -107,6 +107,8 @@ pub(crate) async fn run(fault: Fault, who: Who, timing: Timing) -> Outcome {
         // the others (no pods, no namespace deleted).
         &[
             ("LAZYQUOTA_KCM", "off"),
+            // Lists and watches in the audit log too: the controller's relists are counted.
+            ("LAZYQUOTA_AUDIT_LISTS", "on"),
             ("LAZYQUOTA_APISERVER_ARGS", fault.apiserver_args()),
         ],
     );

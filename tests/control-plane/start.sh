@@ -17,6 +17,7 @@
 #   LAZYQUOTA_KCM_ARGS           extra kube-controller-manager flags (space separated)
 #   LAZYQUOTA_KCM_CONTROLLERS    more KCM controllers, comma separated (the node flavour's
 #                                deployment, replicaset, garbage collector, ...)
+#   LAZYQUOTA_AUDIT_LISTS=on     also audit lists and watches (default: off)
 #   LAZYQUOTA_EXTRA_APISERVERS=N more kube-apiservers on the same etcd, each its own cluster
 #                                (its own --etcd-prefix); clusters.kubeconfig then has contexts
 #                                cluster-0 (the first apiserver) .. cluster-N (default: 0)
@@ -158,9 +159,15 @@ if (( ${apiserver_minor:-0} >= 37 )); then
 fi
 
 # An audit log of ResourceQuota status writes (who wrote, and the answer), so a test can count
-# each writer's writes exactly: quota admission's charges, KCM's and lazyquota's; and of lists
-# and watches, so a benchmark can count a controller's relists (benches/faults).
-cat > "$dir/audit-policy.yaml" <<'POLICY'
+# each writer's writes exactly: quota admission's charges, KCM's and lazyquota's; with
+# LAZYQUOTA_AUDIT_LISTS=on also of lists and watches, so a benchmark can count a controller's
+# relists (benches/faults).
+list_rule=""
+if [[ ${LAZYQUOTA_AUDIT_LISTS:-off} == on ]]; then
+  list_rule="- level: Metadata
+  verbs: [list, watch]"
+fi
+cat > "$dir/audit-policy.yaml" <<POLICY
 apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
@@ -168,8 +175,7 @@ rules:
 - level: Metadata
   resources: [{group: "", resources: ["resourcequotas/status"]}]
   verbs: [update, patch]
-- level: Metadata
-  verbs: [list, watch]
+$list_rule
 - level: None
 POLICY
 
