@@ -130,8 +130,9 @@ elapsed=$((SECONDS - start))
     echo
     echo "Where lazyquota does worse than KCM in these rows, and why:"
     echo
-    echo "- **Creates admitted, and convergence, after a restart under churn** (creates: F6, F7;"
-    echo "  convergence: F4, F5, F8): when lazyquota starts again or its watches relist after an outage,"
+    echo "- **Creates admitted, and convergence, after a restart under churn** (creates: F5-nocache,"
+    echo "  F6, F7; convergence: F4, F5, F5-nocache, F8): when lazyquota starts again or its watches"
+    echo "  relist after an outage,"
     echo "  the quota's stored \`used\` holds charges quota admission"
     echo "  made while nothing watched, for ConfigMaps created and often deleted again before the watch"
     echo "  resumed. No event will pay them, and nothing a client can read tells them from creates still"
