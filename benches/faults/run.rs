@@ -23,6 +23,7 @@ use kube::{
 use lazyquota_testenv::{
     ControlPlane, Flavor,
     churn::{Peak, Tally, count_exactly, status_writes, write},
+    eventually_every,
     proxy::CuttingProxy,
 };
 
@@ -409,22 +410,19 @@ async fn used_of(quotas: &Api<ResourceQuota>, name: &str, keys: &[&str]) -> Opti
         .collect()
 }
 
-/// Polls `check` every 50 ms until it holds (true) or `within` has passed (false).
+/// Polls `check` every 50 ms (the resolution of the times it measures) until it holds (true)
+/// or `within` has passed (false).
 async fn wait_for<F, Fut>(within: Duration, mut check: F) -> bool
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = Instant::now() + within;
-    loop {
-        if check().await {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_every(Duration::from_millis(50), within, || {
+        let holds = check();
+        async move { holds.await.then_some(()) }
+    })
+    .await
+    .is_some()
 }
 
 /// lazyquota's watches ended by 410 Gone so far (every replica; 0 for KCM).

@@ -522,7 +522,17 @@ pub fn unique_name(prefix: &str) -> String {
 /// Polls `check` every 200 ms until it returns `Some`, or gives up after `timeout`.
 ///
 /// Tests wait on observable state this way instead of sleeping for fixed times.
-pub async fn eventually<T, F, Fut>(timeout: Duration, mut check: F) -> Option<T>
+pub async fn eventually<T, F, Fut>(timeout: Duration, check: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    eventually_every(Duration::from_millis(200), timeout, check).await
+}
+
+/// As [`eventually`], polling every `interval` (a benchmark timing what it waits for polls
+/// more often: the interval bounds the figure's resolution).
+pub async fn eventually_every<T, F, Fut>(interval: Duration, timeout: Duration, mut check: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -535,7 +545,7 @@ where
         if tokio::time::Instant::now() >= deadline {
             return None;
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(interval).await;
     }
 }
 
