@@ -165,7 +165,7 @@ const ALL_MUTATIONS: [Mutation; 16] = [
 
 /// Seeds beyond the CI range that `make sim-soak` found failing, each fixed since: they run in
 /// CI too, so the paths they found stay closed (as long as the model runs them the same way).
-const SOAK_FINDS: [u64; 11] = [
+const SOAK_FINDS: [u64; 13] = [
     11_039,  // a late write response taken as maintaining a key added back since
     94_780,  // a charge on a stored value already short
     95_145,  // a charge behind a late write response and a relist
@@ -177,6 +177,8 @@ const SOAK_FINDS: [u64; 11] = [
     85_114,  // a fresh read after a conflict, answered after the quota's delete, brought it back
     145_031, // a failing shared watch of one subscriber, closed and opened again by each quota change, skipped its restart's wait
     14_391, // a shared watch relisted after the quota's version, its type quiet since: the new key waited for ever
+    60_392, // the checker's: a Service's type changed away and back uncharged after the quota's version
+    187_255, // the model's: a pod's charge kept after its key was dropped while the create was in flight
 ];
 
 #[test]

@@ -370,19 +370,27 @@ impl Server {
         self.rv
     }
 
-    /// The version of object `key` stored at or before `at`, if it existed then.
-    fn version_at(&self, key: &ObjectId, at: u64) -> Option<&Obj> {
-        self.history
-            .get(key)?
+    /// The lowest that object `key` counted for `key_name` under `scopes` from `at` on: in its
+    /// version stored at or before `at` (0 if it did not exist then) and in every version
+    /// stored since (0 while deleted). A dip after `at` followed by a rise admission did not
+    /// charge is a change after `at` no write conditioned on it can know of (seed 60,392: a
+    /// Service's type changed away and back).
+    fn lowest_since(&self, key: &ObjectId, at: u64, key_name: &str, scopes: &[Scope], now: u64) -> i64 {
+        let Some(versions) = self.history.get(key) else {
+            return 0;
+        };
+        let first = versions.iter().rposition(|(rv, _)| *rv <= at);
+        let Some(first) = first else { return 0 };
+        versions[first..]
             .iter()
-            .rev()
-            .find(|(rv, _)| *rv <= at)
-            .and_then(|(_, o)| o.as_ref())
+            .map(|(_, o)| o.as_ref().map_or(0, |o| o.usage_of(key_name, scopes, now)))
+            .min()
+            .unwrap_or(0)
     }
 
     /// The true usage of `key` for quota `quota` of `namespace`, for a status write
     /// conditioned on resourceVersion `at` and applied now: each object that exists now, at
-    /// the lower of what it counted at `at` and what it counts now (what changed after `at`
+    /// the lowest it counted from `at` on ([`Server::lowest_since`]: what changed after `at`
     /// need not be known to the write, and what went down since need not be counted), plus
     /// what admission charged to this quota by `at` for writes not stored yet (the write must
     /// not take those charges back). An object admitted without a charge to this quota (before
@@ -399,10 +407,7 @@ impl Server {
             if enforced_only && !obj.enforced_for(quota, key) {
                 continue;
             }
-            let then = self
-                .version_at(id, at)
-                .map_or(0, |o| o.usage_of(key, &scopes, now));
-            sum += then.min(obj.usage_of(key, &scopes, now));
+            sum += self.lowest_since(id, at, key, &scopes, now);
         }
         for pending in self.in_flight.iter().filter(|p| p.obj.namespace == namespace) {
             // An update of an object deleted meanwhile never lands.
@@ -788,6 +793,12 @@ impl Server {
             p.obj.res == obj.res && p.obj.namespace == obj.namespace && p.obj.name == obj.name
         })?;
         let pending = self.in_flight.remove(pending);
+        // What admission's charges cover is the pending write's, not the caller's copy: a key
+        // dropped from `status.hard` while the write was in flight no longer covers it (seed
+        // 187,255: a pod charged for `pods`, the key dropped and added back before it was
+        // stored, is the new key's uncharged object).
+        obj.enforced = pending.obj.enforced.clone();
+        obj.charged_for = pending.obj.charged_for.clone();
         let id = (obj.res, obj.namespace.clone(), obj.name.clone());
         if pending.prev.is_some() && !self.objects.contains_key(&id) {
             self.settle_standins();
