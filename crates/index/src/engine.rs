@@ -75,6 +75,11 @@ pub struct DeviceClassEntry {
     pub extended_resource_name: Option<Box<str>>,
 }
 
+/// DeviceClasses are read whole, never summed.
+impl crate::store::Tallied for DeviceClassEntry {
+    type Tally = ();
+}
+
 impl HeapSize for DeviceClassEntry {
     fn heap_bytes(&self) -> usize {
         self.name.len() + self.extended_resource_name.as_deref().map_or(0, str::len)

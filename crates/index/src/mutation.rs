@@ -60,6 +60,9 @@ pub enum Mutation {
     /// watches, so an object stored before the quota's version that a watch has not delivered
     /// yet (admitted uncharged, or moved into its scope) is taken off.
     CatchUpOnlyWhileSettling,
+    /// A partition's tally keeps an updated object's old usage beside its new one (an update
+    /// dropped from the running sums), so a typed key read from it is off.
+    TallyDropsUpdate,
 }
 
 #[cfg(feature = "mutations")]

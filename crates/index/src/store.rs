@@ -25,6 +25,9 @@ use std::{
 
 use crate::keys::{ClusterName, GroupResource};
 
+mod tally;
+pub use tally::{Generation, KeySum, Tallied, UsageTally};
+
 /// Heap bytes a projection owns beyond its inline size.
 pub trait HeapSize {
     /// Bytes on the heap owned by this value.
@@ -214,10 +217,10 @@ impl<P> Objects<P> {
 
 /// One partition's objects.
 #[derive(Debug)]
-pub struct Partition<P> {
-    objects: Objects<P>,
+pub struct Partition<P: Tallied> {
+    objects: Generation<P>,
     /// A relist in progress: the next generation.
-    next: Option<Objects<P>>,
+    next: Option<Generation<P>>,
     /// A fill in progress (see [`UsageStore::begin_fill`]): ids the watch deleted meanwhile.
     fill_tombstones: Option<HashSet<u64, BuildHasherDefault<IdHasher>>>,
     /// Whether a complete list has been seen since the partition was created.
@@ -227,10 +230,10 @@ pub struct Partition<P> {
     stale: bool,
 }
 
-impl<P> Default for Partition<P> {
+impl<P: Tallied> Default for Partition<P> {
     fn default() -> Self {
         Self {
-            objects: Objects::default(),
+            objects: Generation::default(),
             next: None,
             fill_tombstones: None,
             synced: false,
@@ -239,10 +242,15 @@ impl<P> Default for Partition<P> {
     }
 }
 
-impl<P> Partition<P> {
+impl<P: Tallied> Partition<P> {
     /// The current objects.
     pub fn objects(&self) -> &Objects<P> {
-        &self.objects
+        &self.objects.objects
+    }
+
+    /// The current objects' tally ([`UsageTally`] for pods, services and PVCs).
+    pub fn tally(&self) -> &P::Tally {
+        &self.objects.tally
     }
 
     /// Whether the partition has been listed completely at least once.
@@ -276,11 +284,11 @@ pub enum Change<P> {
 
 /// The store.
 #[derive(Debug)]
-pub struct UsageStore<P> {
+pub struct UsageStore<P: Tallied> {
     partitions: HashMap<PartitionKey, Partition<P>>,
 }
 
-impl<P> Default for UsageStore<P> {
+impl<P: Tallied> Default for UsageStore<P> {
     fn default() -> Self {
         Self {
             partitions: HashMap::new(),
@@ -288,7 +296,7 @@ impl<P> Default for UsageStore<P> {
     }
 }
 
-impl<P: HeapSize> UsageStore<P> {
+impl<P: Tallied> UsageStore<P> {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
@@ -313,7 +321,7 @@ impl<P: HeapSize> UsageStore<P> {
     /// fresh generation. Restarting a relist drops the unfinished one.
     pub fn begin_relist(&mut self, key: &PartitionKey) {
         if let Some(p) = self.partitions.get_mut(key) {
-            p.next = Some(Objects::default());
+            p.next = Some(Generation::default());
             // A relist is complete by itself: it supersedes a fill in progress.
             p.fill_tombstones = None;
         }
@@ -343,7 +351,7 @@ impl<P: HeapSize> UsageStore<P> {
             return false;
         };
         for (id, projection) in listed {
-            if !tombstones.contains(&id) && p.objects.get(id).is_none() {
+            if !tombstones.contains(&id) && p.objects.objects.get(id).is_none() {
                 p.objects.insert(id, projection);
             }
         }
@@ -378,7 +386,7 @@ impl<P: HeapSize> UsageStore<P> {
             return false;
         };
         if let Some(mut next) = p.next.take() {
-            next.shrink_to_fit();
+            next.objects.shrink_to_fit();
             p.objects = next;
             p.synced = true;
         } else if p.fill_tombstones.is_none() {
@@ -427,7 +435,7 @@ impl<P: HeapSize> UsageStore<P> {
 
     /// Number of objects held in all partitions (current generations).
     pub fn objects(&self) -> usize {
-        self.partitions.values().map(|p| p.objects.len()).sum()
+        self.partitions.values().map(|p| p.objects.objects.len()).sum()
     }
 
     /// Number of partitions held.
@@ -439,7 +447,7 @@ impl<P: HeapSize> UsageStore<P> {
     pub fn partition_stats(&self) -> impl Iterator<Item = (&PartitionKey, usize, usize)> {
         self.partitions
             .iter()
-            .map(|(k, p)| (k, p.objects.len(), partition_bytes(p)))
+            .map(|(k, p)| (k, p.objects.objects.len(), partition_bytes(p)))
     }
 
     /// Bytes held by the object tables (both generations) and the projections' heap,
@@ -470,8 +478,9 @@ fn table_bytes<P: HeapSize>(objects: &Objects<P>) -> usize {
     }
 }
 
-fn partition_bytes<P: HeapSize>(p: &Partition<P>) -> usize {
-    table_bytes(&p.objects) + p.next.as_ref().map_or(0, table_bytes)
+fn partition_bytes<P: Tallied>(p: &Partition<P>) -> usize {
+    let generation = |g: &Generation<P>| table_bytes(&g.objects) + P::tally_bytes(&g.tally);
+    generation(&p.objects) + p.next.as_ref().map_or(0, generation)
 }
 
 #[cfg(test)]

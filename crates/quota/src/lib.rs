@@ -44,7 +44,7 @@ pub use gates::FeatureGates;
 pub use intern::Interner;
 pub use list::{Quantities, QuantityList};
 pub use names::{GroupResource, QuotaResourceName, classify};
-pub use pod::{ExtractError, Extracted, PodClaimIdentity, PodProjection};
+pub use pod::{ExtractError, Extracted, PodClaimIdentity, PodProjection, PodScopeClass};
 pub use pvc::PvcProjection;
 pub use quantity::{CompactQuantity, Format, Quantity, QuantityError};
 pub use scope::{QuotaScopes, ScopeError, ScopeName, ScopeOperator, ScopeRequirement};
@@ -55,4 +55,4 @@ pub use time::Time;
 pub use update_filter::{
     other_update_triggers, pod_update_triggers, pvc_update_triggers, service_update_triggers,
 };
-pub use usage::{QuotaObject, ResourceList, UsageKey, UsageStats, calculate_usage};
+pub use usage::{QuotaObject, ResourceList, ScopeClassed, UsageKey, UsageStats, calculate_usage};

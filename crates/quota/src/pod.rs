@@ -18,7 +18,7 @@ use crate::names::{
 use crate::quantity::{CompactQuantity, Quantity, QuantityError};
 use crate::scope::{ScopeError, ScopeName, ScopeOperator, ScopeRequirement, selector_matches};
 use crate::time::Time;
-use crate::usage::{QuotaObject, UsageKey};
+use crate::usage::{QuotaObject, ScopeClassed, UsageKey};
 
 mod resources;
 
@@ -392,22 +392,7 @@ impl QuotaObject for PodProjection {
         requirement: &ScopeRequirement,
         _gates: FeatureGates,
     ) -> Result<bool, ScopeError> {
-        Ok(match requirement.scope {
-            ScopeName::Terminating => self.is_terminating(),
-            ScopeName::NotTerminating => !self.is_terminating(),
-            ScopeName::BestEffort => self.is_best_effort(),
-            ScopeName::NotBestEffort => !self.is_best_effort(),
-            ScopeName::PriorityClass => {
-                if requirement.operator == ScopeOperator::Exists {
-                    self.priority_class.is_some()
-                } else {
-                    // Matched against {PriorityClass: name}, or an empty set when unset.
-                    selector_matches(requirement, self.priority_class())?
-                }
-            }
-            ScopeName::CrossNamespacePodAffinity => self.uses_cross_namespace_pod_affinity(),
-            ScopeName::VolumeAttributesClass | ScopeName::Other(_) => false,
-        })
+        pod_matches_scope(self.flags & SCOPE_FLAGS, self.priority_class(), requirement)
     }
 
     /// `PodUsageFunc` + `podComputeUsageHelper`.
@@ -435,4 +420,66 @@ impl QuotaObject for PodProjection {
             emit(UsageKey::new(REQUESTS_PREFIX, name, ""), q.get());
         }
     }
+}
+
+/// The flags scope matching reads (not the terminal phase: it decides usage, not scope).
+const SCOPE_FLAGS: u8 = FLAG_TERMINATING | FLAG_BEST_EFFORT | FLAG_CROSS_NAMESPACE_AFFINITY;
+
+/// What a pod's scope matching reads: whether it is terminating, BestEffort, uses
+/// cross-namespace affinity, and its priority class (interned, so a clone is a count).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PodScopeClass {
+    flags: u8,
+    priority_class: Option<Arc<str>>,
+}
+
+impl ScopeClassed for PodProjection {
+    type Class = PodScopeClass;
+
+    fn scope_class(&self) -> PodScopeClass {
+        PodScopeClass {
+            flags: self.flags & SCOPE_FLAGS,
+            priority_class: self.priority_class.clone(),
+        }
+    }
+
+    fn class_matches_scope(
+        class: &PodScopeClass,
+        requirement: &ScopeRequirement,
+        _gates: FeatureGates,
+    ) -> Result<bool, ScopeError> {
+        pod_matches_scope(class.flags, class.priority_class.as_deref(), requirement)
+    }
+
+    /// A pod in its deletion grace period counts until the period ends.
+    fn usage_varies_with_time(&self) -> bool {
+        self.flags & FLAG_TERMINAL == 0 && self.deletion_deadline.is_some()
+    }
+}
+
+/// `podMatchesScopeFunc` over what it reads: `flags` (of [`SCOPE_FLAGS`]) and the priority
+/// class.
+fn pod_matches_scope(
+    flags: u8,
+    priority_class: Option<&str>,
+    requirement: &ScopeRequirement,
+) -> Result<bool, ScopeError> {
+    let terminating = flags & FLAG_TERMINATING != 0;
+    let best_effort = flags & FLAG_BEST_EFFORT != 0;
+    Ok(match requirement.scope {
+        ScopeName::Terminating => terminating,
+        ScopeName::NotTerminating => !terminating,
+        ScopeName::BestEffort => best_effort,
+        ScopeName::NotBestEffort => !best_effort,
+        ScopeName::PriorityClass => {
+            if requirement.operator == ScopeOperator::Exists {
+                priority_class.is_some()
+            } else {
+                // Matched against {PriorityClass: name}, or an empty set when unset.
+                selector_matches(requirement, priority_class)?
+            }
+        }
+        ScopeName::CrossNamespacePodAffinity => flags & FLAG_CROSS_NAMESPACE_AFFINITY != 0,
+        ScopeName::VolumeAttributesClass | ScopeName::Other(_) => false,
+    })
 }

@@ -14,7 +14,7 @@ use crate::pod::{Extracted, parse_lossy};
 use crate::quantity::{CompactQuantity, Quantity};
 use crate::scope::{ScopeError, ScopeName, ScopeOperator, ScopeRequirement, selector_matches};
 use crate::time::Time;
-use crate::usage::{QuotaObject, UsageKey};
+use crate::usage::{QuotaObject, ScopeClassed, UsageKey};
 
 /// The beta storage-class annotation, which wins over `spec.storageClassName`.
 pub const BETA_STORAGE_CLASS_ANNOTATION: &str = "volume.beta.kubernetes.io/storage-class";
@@ -116,22 +116,8 @@ impl PvcProjection {
 impl QuotaObject for PvcProjection {
     /// `pvcMatchesScopeFunc` with `VolumeAttributesClass` on, `MatchesNoScopeFunc` without.
     fn matches_scope(&self, requirement: &ScopeRequirement, gates: FeatureGates) -> Result<bool, ScopeError> {
-        if !gates.volume_attributes_class || requirement.scope != ScopeName::VolumeAttributesClass {
-            return Ok(false);
-        }
         let names = self.volume_attributes_classes.as_deref().unwrap_or_default();
-        if requirement.operator == ScopeOperator::Exists {
-            return Ok(!names.is_empty());
-        }
-        if names.is_empty() {
-            return selector_matches(requirement, None);
-        }
-        for name in names {
-            if selector_matches(requirement, Some(name))? {
-                return Ok(true);
-            }
-        }
-        Ok(false)
+        volume_attributes_class_matches(names, requirement, gates)
     }
 
     fn for_each_usage(&self, _now: Time, emit: &mut dyn FnMut(UsageKey<'_>, Quantity)) {
@@ -169,3 +155,43 @@ const _: () = {
     assert!(STORAGE_CLASS_SUFFIX.len() + PERSISTENT_VOLUME_CLAIMS.len() == STORAGE_CLASS_SUFFIX_PVCS.len());
     assert!(STORAGE_CLASS_SUFFIX.len() + REQUESTS_STORAGE.len() == STORAGE_CLASS_SUFFIX_STORAGE.len());
 };
+
+impl ScopeClassed for PvcProjection {
+    /// The VolumeAttributesClass names it references: all that scope matching reads.
+    type Class = Option<Box<[Arc<str>]>>;
+
+    fn scope_class(&self) -> Self::Class {
+        self.volume_attributes_classes.clone()
+    }
+
+    fn class_matches_scope(
+        class: &Self::Class,
+        requirement: &ScopeRequirement,
+        gates: FeatureGates,
+    ) -> Result<bool, ScopeError> {
+        volume_attributes_class_matches(class.as_deref().unwrap_or_default(), requirement, gates)
+    }
+}
+
+/// `pvcMatchesScopeFunc` over a PVC's VolumeAttributesClass names.
+fn volume_attributes_class_matches(
+    names: &[Arc<str>],
+    requirement: &ScopeRequirement,
+    gates: FeatureGates,
+) -> Result<bool, ScopeError> {
+    if !gates.volume_attributes_class || requirement.scope != ScopeName::VolumeAttributesClass {
+        return Ok(false);
+    }
+    if requirement.operator == ScopeOperator::Exists {
+        return Ok(!names.is_empty());
+    }
+    if names.is_empty() {
+        return selector_matches(requirement, None);
+    }
+    for name in names {
+        if selector_matches(requirement, Some(name))? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}

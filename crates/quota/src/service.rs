@@ -7,7 +7,7 @@ use crate::names::{COUNT_SERVICES, SERVICES, SERVICES_LOAD_BALANCERS, SERVICES_N
 use crate::quantity::{Format, Quantity};
 use crate::scope::{ScopeError, ScopeRequirement};
 use crate::time::Time;
-use crate::usage::{QuotaObject, UsageKey};
+use crate::usage::{QuotaObject, ScopeClassed, UsageKey};
 
 /// `GetQuotaServiceType`: the service types quota distinguishes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -71,8 +71,8 @@ impl ServiceProjection {
 
 impl QuotaObject for ServiceProjection {
     /// `MatchesNoScopeFunc`: services match no scope.
-    fn matches_scope(&self, _: &ScopeRequirement, _: FeatureGates) -> Result<bool, ScopeError> {
-        Ok(false)
+    fn matches_scope(&self, requirement: &ScopeRequirement, gates: FeatureGates) -> Result<bool, ScopeError> {
+        Self::class_matches_scope(&(), requirement, gates)
     }
 
     fn for_each_usage(&self, _now: Time, emit: &mut dyn FnMut(UsageKey<'_>, Quantity)) {
@@ -88,5 +88,16 @@ impl QuotaObject for ServiceProjection {
             UsageKey::name(SERVICES_NODE_PORTS),
             Quantity::from_count(u64::from(self.node_ports)),
         );
+    }
+}
+
+impl ScopeClassed for ServiceProjection {
+    /// Services match no scope: one class.
+    type Class = ();
+
+    fn scope_class(&self) {}
+
+    fn class_matches_scope((): &(), _: &ScopeRequirement, _: FeatureGates) -> Result<bool, ScopeError> {
+        Ok(false)
     }
 }

@@ -82,6 +82,47 @@ pub trait QuotaObject {
     }
 }
 
+/// What an object's scope matching reads, and nothing else, as a value: every object of one
+/// class matches every scope requirement alike (errors included), so a partition can keep its
+/// usage summed per class and match a quota's scopes once per class instead of once per object.
+/// Each projection's [`QuotaObject::matches_scope`] is implemented through its class, so the
+/// two cannot disagree.
+pub trait ScopeClassed: QuotaObject {
+    /// The fields scope matching reads (a pod's flags and priority class, a PVC's
+    /// VolumeAttributesClass names, nothing for a Service).
+    type Class: Clone + Eq + std::hash::Hash + fmt::Debug;
+
+    /// This object's class.
+    fn scope_class(&self) -> Self::Class;
+
+    /// Whether objects of `class` match one scope requirement.
+    fn class_matches_scope(
+        class: &Self::Class,
+        requirement: &ScopeRequirement,
+        gates: FeatureGates,
+    ) -> Result<bool, ScopeError>;
+
+    /// Whether objects of `class` match every requirement (evaluating all of them, as
+    /// [`QuotaObject::matches_scopes`] does).
+    fn class_matches_scopes(
+        class: &Self::Class,
+        scopes: &QuotaScopes,
+        gates: FeatureGates,
+    ) -> Result<bool, ScopeError> {
+        let mut matches = true;
+        for requirement in scopes.requirements() {
+            matches &= Self::class_matches_scope(class, requirement, gates)?;
+        }
+        Ok(matches)
+    }
+
+    /// Whether the object's usage depends on the instant it is read at (a pod in its deletion
+    /// grace period counts until the period ends): such an object is summed when read.
+    fn usage_varies_with_time(&self) -> bool {
+        false
+    }
+}
+
 /// The result of [`calculate_usage`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UsageStats {

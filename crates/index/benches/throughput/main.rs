@@ -54,6 +54,7 @@ mod support;
 mod commit;
 
 mod report;
+mod sizes;
 use report::summary;
 use support::{pod, quota, served};
 

@@ -127,5 +127,6 @@ pub(super) fn summary(fixture: &mut Fixture, cases: &[Case]) -> String {
         out,
         "- compute: `Engine::compute` of a quota with `pods`, `requests.cpu`, `limits.memory` over its namespace."
     );
+    sizes::table(&mut out, &sizes::measure(&fixture.shapes));
     out
 }

@@ -5,14 +5,14 @@ use std::{collections::BTreeSet, sync::Arc};
 
 use lazyquota_quota::{
     DeviceClassMap, Evaluator, FeatureGates, PodProjection, Quantity, QuotaObject, QuotaScopes, ResourceList,
-    StatusDecision, Time, assemble_status, calculate_object_count_usage, calculate_usage, claim_usage,
-    verified_owner,
+    ScopeClassed, StatusDecision, Time, assemble_status, calculate_object_count_usage, calculate_usage,
+    claim_usage, verified_owner,
 };
 
 use crate::{
     demand::device_classes,
     keys::{ALL_NAMESPACES, ClusterName, GroupResource, Need, QuotaKey},
-    store::{HeapSize, PartitionKey, UsageStore},
+    store::{PartitionKey, Tallied, UsageStore, UsageTally},
 };
 
 use super::Engine;
@@ -161,6 +161,47 @@ impl Engine {
 }
 
 impl Engine {
+    /// The typed keys of quota `key` whose value read from their partition's tally differs (by
+    /// value) from the objects summed one by one — empty when they agree. The full sum is the
+    /// reference the tallies are checked against (the simulator, at every write).
+    pub fn tally_disagreements(&self, key: &QuotaKey, now: Time) -> Vec<String> {
+        let Some(entry) = self.index.get(key) else {
+            return Vec::new();
+        };
+        let state = &entry.payload;
+        let hard_keys: Vec<&str> = state.spec.hard_keys.iter().map(String::as_str).collect();
+        let plan = self.registry(&key.cluster).plan_with_classes(&hard_keys, None);
+        let mut differing = Vec::new();
+        for (evaluator, keys) in &plan.per_evaluator {
+            if entry.demands().get(&evaluator.group_resource()).copied() != Some(Need::Typed) {
+                continue;
+            }
+            let p = PartitionKey {
+                cluster: key.cluster.clone(),
+                resource: evaluator.group_resource(),
+                namespace: entry.demand_namespace().clone(),
+            };
+            let (scopes, gates) = (&state.spec.scopes, self.gates);
+            let pair = match evaluator {
+                Evaluator::Pods => both_ways(&self.pods, &p, keys, scopes, now, gates),
+                Evaluator::Services => both_ways(&self.services, &p, keys, scopes, now, gates),
+                Evaluator::PersistentVolumeClaims => both_ways(&self.pvcs, &p, keys, scopes, now, gates),
+                _ => None,
+            };
+            if let Some((tallied, summed)) = pair {
+                differing.extend(
+                    summed
+                        .iter()
+                        .filter(|(k, v)| tallied.get(*k) != Some(*v))
+                        .map(|(k, v)| format!("{k}: tally {:?}, sum {v:?}", tallied.get(k))),
+                );
+            }
+        }
+        differing
+    }
+}
+
+impl Engine {
     /// How many objects partition `p` holds, if it is current (listed, its watch not failing),
     /// in whichever store holds it.
     #[must_use]
@@ -300,14 +341,17 @@ impl KeySources {
     }
 }
 
-fn synced_len<P: HeapSize>(store: &UsageStore<P>, p: &PartitionKey) -> Option<usize> {
+fn synced_len<P: crate::store::Tallied>(store: &UsageStore<P>, p: &PartitionKey) -> Option<usize> {
     store
         .partition(p)
         .filter(|x| x.is_current())
         .map(|x| x.objects().len())
 }
 
-fn typed_usage<P: HeapSize + QuotaObject>(
+/// A typed evaluator's usage in partition `p`, read from its tally; the objects summed one by
+/// one (`calculate_usage`, upstream's way) where the tally cannot answer: a scope error, whose
+/// partial sum upstream returns as success, or a sum beyond what a quantity holds.
+fn typed_usage<P>(
     store: &UsageStore<P>,
     p: &PartitionKey,
     keys: &[String],
@@ -315,13 +359,63 @@ fn typed_usage<P: HeapSize + QuotaObject>(
     now: Time,
     gates: FeatureGates,
     scope_errors: &mut Vec<String>,
-) -> Option<ResourceList> {
+) -> Option<ResourceList>
+where
+    P: ScopeClassed + Tallied<Tally = UsageTally<<P as ScopeClassed>::Class>>,
+{
     let partition = store.partition(p).filter(|x| x.is_current())?;
-    let stats = calculate_usage(keys, scopes, partition.objects().values(), now, gates);
+    if let Ok(Some(used)) = partition
+        .tally()
+        .usage(partition.objects(), keys, scopes, now, gates)
+    {
+        return Some(used);
+    }
+    Some(summed_usage(
+        partition.objects().values(),
+        keys,
+        scopes,
+        now,
+        gates,
+        scope_errors,
+    ))
+}
+
+/// `calculate_usage` over `objects`, its scope error recorded.
+fn summed_usage<'o, P: QuotaObject + 'o>(
+    objects: impl IntoIterator<Item = &'o P>,
+    keys: &[String],
+    scopes: &QuotaScopes,
+    now: Time,
+    gates: FeatureGates,
+    scope_errors: &mut Vec<String>,
+) -> ResourceList {
+    let stats = calculate_usage(keys, scopes, objects, now, gates);
     if let Some(error) = stats.scope_error {
         // Upstream's CalculateUsageStats stops at the first object whose scope match fails
         // and returns the partial sum with a nil error; the same partial sum is used here.
         scope_errors.push(error.to_string());
     }
-    Some(stats.used)
+    stats.used
+}
+
+/// A partition's usage read from its tally and summed one by one; `None` if the partition is
+/// not current, or the tally does not answer (a scope error: the sum is used then anyway).
+fn both_ways<P>(
+    store: &UsageStore<P>,
+    p: &PartitionKey,
+    keys: &[String],
+    scopes: &QuotaScopes,
+    now: Time,
+    gates: FeatureGates,
+) -> Option<(ResourceList, ResourceList)>
+where
+    P: ScopeClassed + Tallied<Tally = UsageTally<<P as ScopeClassed>::Class>>,
+{
+    let partition = store.partition(p).filter(|x| x.is_current())?;
+    let tallied = partition
+        .tally()
+        .usage(partition.objects(), keys, scopes, now, gates)
+        .ok()??;
+    let summed = calculate_usage(keys, scopes, partition.objects().values(), now, gates).used;
+    Some((tallied, summed))
 }

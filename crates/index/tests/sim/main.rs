@@ -144,7 +144,7 @@ parts!(
 );
 
 /// Every mutation, for replays by name.
-const ALL_MUTATIONS: [Mutation; 16] = [
+const ALL_MUTATIONS: [Mutation; 17] = [
     Mutation::StaleCounts,
     Mutation::UnclaimedAgrees,
     Mutation::NoChargeHold,
@@ -161,6 +161,7 @@ const ALL_MUTATIONS: [Mutation; 16] = [
     Mutation::ChargeReleasedByTime,
     Mutation::LateObjectNotCounted,
     Mutation::CatchUpOnlyWhileSettling,
+    Mutation::TallyDropsUpdate,
 ];
 
 /// Seeds beyond the CI range that `make sim-soak` found failing, each fixed since: they run in
@@ -327,6 +328,11 @@ fn mutation_a_charge_released_by_time_is_caught() {
 #[test]
 fn mutation_a_late_stored_object_not_counted_is_caught() {
     expect_caught(Mutation::LateObjectNotCounted, "safety");
+}
+
+#[test]
+fn mutation_a_tally_dropping_an_update_is_caught() {
+    expect_caught(Mutation::TallyDropsUpdate, "tally");
 }
 
 #[test]

@@ -797,8 +797,8 @@ impl Server {
         // dropped from `status.hard` while the write was in flight no longer covers it (seed
         // 187,255: a pod charged for `pods`, the key dropped and added back before it was
         // stored, is the new key's uncharged object).
-        obj.enforced = pending.obj.enforced.clone();
-        obj.charged_for = pending.obj.charged_for.clone();
+        obj.enforced = pending.obj.enforced;
+        obj.charged_for = pending.obj.charged_for;
         let id = (obj.res, obj.namespace.clone(), obj.name.clone());
         if pending.prev.is_some() && !self.objects.contains_key(&id) {
             self.settle_standins();

@@ -99,6 +99,16 @@ impl World {
                     self.violation(format!("shadow: lazyquota wrote the status of {}", write.key));
                 }
                 Effect::WriteStatus(write) => {
+                    // The tallies the write was computed from agree with the objects summed
+                    // one by one (`store::tally`).
+                    let now = self.now().time;
+                    let differing = self.rec.engine().tally_disagreements(&write.key, now);
+                    if !differing.is_empty() {
+                        self.violation(format!(
+                            "tally: {} computed from a tally that differs from its objects: {differing:?}",
+                            write.key
+                        ));
+                    }
                     let fault = if !self.main {
                         WriteFault::None
                     } else if self.rng.percent(6) {
