@@ -534,6 +534,12 @@ impl Engine {
         }
     }
 
+    /// Bytes the typed stores' tallies hold (pods, services, PVCs; `store::tally`), beside
+    /// the objects' own bytes in [`Engine::held_by_resource`].
+    pub fn tally_bytes(&self) -> usize {
+        self.pods.tally_bytes() + self.services.tally_bytes() + self.pvcs.tally_bytes()
+    }
+
     /// Objects and bytes held per resource (`count/` name), computed now (scrape time).
     pub fn held_by_resource(&self) -> BTreeMap<String, (usize, usize)> {
         let mut held: BTreeMap<String, (usize, usize)> = BTreeMap::new();

@@ -450,6 +450,16 @@ impl<P: Tallied> UsageStore<P> {
             .map(|(k, p)| (k, p.objects.objects.len(), partition_bytes(p)))
     }
 
+    /// Bytes the partitions' tallies hold (both generations; see [`UsageTally::bytes`]).
+    pub fn tally_bytes(&self) -> usize {
+        self.partitions
+            .values()
+            .map(|p| {
+                P::tally_bytes(&p.objects.tally) + p.next.as_ref().map_or(0, |g| P::tally_bytes(&g.tally))
+            })
+            .sum()
+    }
+
     /// Bytes held by the object tables (both generations) and the projections' heap,
     /// computed from the tables' real capacity.
     pub fn bytes(&self) -> usize {

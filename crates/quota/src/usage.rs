@@ -40,10 +40,17 @@ impl<'a> UsageKey<'a> {
     }
 
     /// Whether this key spells `key`.
+    ///
+    /// The lengths first: most keys a sum compares against differ in length, and each
+    /// comparison of bytes is a call to `memcmp` (an empty prefix or suffix is not compared).
     pub fn matches(&self, key: &str) -> bool {
-        key.strip_prefix(self.prefix)
-            .and_then(|rest| rest.strip_suffix(self.suffix))
-            .is_some_and(|middle| middle == self.name)
+        let (p, n) = (self.prefix.len(), self.name.len());
+        let key = key.as_bytes();
+        let same = |part: &[u8], of: &str| part.is_empty() || part == of.as_bytes();
+        key.len() == p + n + self.suffix.len()
+            && same(&key[p + n..], self.suffix)
+            && same(&key[p..p + n], self.name)
+            && same(&key[..p], self.prefix)
     }
 }
 

@@ -10,11 +10,16 @@ use lazyquota_quota::{QuotaScopes, calculate_usage};
 /// Pods per namespace measured.
 pub(super) const SIZES: [usize; 3] = [100, 1_000, 10_000];
 
-/// One size's medians: a compute from the tally, and the full sum of the same keys.
+/// Full sums per timed batch (each of 10,000 pods takes tens of milliseconds).
+const SUMS_PER_BATCH: u32 = 10;
+
+/// One size's medians: a compute from the tally, and the full sum of the same keys; and the
+/// bytes the partition's tally holds.
 pub(super) struct Sized {
     pub pods: usize,
     pub compute: Duration,
     pub summed: Duration,
+    pub tally_bytes: usize,
 }
 
 fn median_of(mut run: impl FnMut() -> Duration) -> Duration {
@@ -84,7 +89,7 @@ pub(super) fn measure(shapes: &[(Pod, Pod)]) -> Vec<Sized> {
             let keys = ["pods", "requests.cpu", "limits.memory"];
             let summed = median_of(|| {
                 let start = Instant::now();
-                for _ in 0..COMPUTES_PER_BATCH {
+                for _ in 0..SUMS_PER_BATCH {
                     black_box(calculate_usage(
                         &keys,
                         &QuotaScopes::none(),
@@ -93,12 +98,13 @@ pub(super) fn measure(shapes: &[(Pod, Pod)]) -> Vec<Sized> {
                         engine.gates(),
                     ));
                 }
-                start.elapsed() / computes
+                start.elapsed() / SUMS_PER_BATCH
             });
             Sized {
                 pods: n,
                 compute,
                 summed,
+                tally_bytes: engine.tally_bytes(),
             }
         })
         .collect()
@@ -112,7 +118,9 @@ pub(super) fn table(out: &mut String, sized: &[Sized]) {
         "`Engine::compute` of a quota (`pods`, `requests.cpu`, `limits.memory`) in a namespace of N pods \
          (the same shapes as above), its typed keys read from the partition's tally; beside it the same \
          keys summed over the N pods one by one (`calculate_usage`: every compute before the tally, and \
-         upstream's sync). Median of {SUMMARY_PASSES} batches of {COMPUTES_PER_BATCH}, per compute.\n"
+         upstream's sync; median of {SUMMARY_PASSES} batches of {COMPUTES_PER_BATCH} computes and of \
+         {SUMS_PER_BATCH} sums, per compute). The tally's bytes: the partition's `UsageTally` \
+         (these pods are of three priority classes, so three scope classes).\n"
     );
     let _ = writeln!(
         out,
@@ -123,11 +131,12 @@ pub(super) fn table(out: &mut String, sized: &[Sized]) {
     for s in sized {
         let _ = writeln!(
             out,
-            "| {} | {:.1} µs | {:.2}× | {:.1} µs |",
+            "| {} | {:.1} µs | {:.2}× | {:.1} µs | {} |",
             support::thousands(s.pods),
             s.compute.as_secs_f64() * 1e6,
             s.compute.as_secs_f64() / base.as_secs_f64(),
             s.summed.as_secs_f64() * 1e6,
+            s.tally_bytes,
         );
     }
 }
