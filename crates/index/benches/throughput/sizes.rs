@@ -124,9 +124,9 @@ pub(super) fn table(out: &mut String, sized: &[Sized]) {
     );
     let _ = writeln!(
         out,
-        "| pods in the namespace | compute | against 100 pods | pods summed one by one |"
+        "| pods in the namespace | compute | against 100 pods | pods summed one by one | tally bytes |"
     );
-    let _ = writeln!(out, "| ---: | ---: | ---: | ---: |");
+    let _ = writeln!(out, "| ---: | ---: | ---: | ---: | ---: |");
     let base = sized.first().map_or(Duration::ZERO, |s| s.compute);
     for s in sized {
         let _ = writeln!(
