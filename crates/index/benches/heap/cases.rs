@@ -42,15 +42,7 @@ pub(crate) fn setup(
         let key = QuotaKey::new(cluster, &ns, "compute");
         let update = engine.apply_quota(key.clone(), &quota(&ns, "compute", hard));
         assert!(update.recompute && update.problems.is_empty(), "{update:?}");
-        for change in update.changes {
-            let Some(need) = change.to else { continue };
-            let kind = store_kind(&change.resource, need);
-            let p = PartitionKey {
-                cluster: change.cluster,
-                resource: change.resource,
-                namespace: change.namespace,
-            };
-            engine.hold(kind, p.clone());
+        for (kind, p) in support::hold_demanded(&mut engine, update.changes) {
             kinds.push(kind);
             partitions.push(p);
         }

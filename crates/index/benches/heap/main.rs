@@ -38,7 +38,7 @@ use k8s_openapi::{
 };
 use lazyquota_index::{
     discoveries::Discoveries,
-    engine::{Engine, Projected, StoreKind, same_value, store_kind},
+    engine::{Engine, Projected, StoreKind, same_value},
     fanout::{Fanout, Sink, WatchItem},
     keys::{ClusterName, GroupResource, ObjectIds, QuotaKey},
     membership::Membership,

@@ -9,7 +9,31 @@ use k8s_openapi::{
     },
     apimachinery::pkg::{api::resource::Quantity as K8sQuantity, apis::meta::v1::ObjectMeta},
 };
-use lazyquota_index::{keys::GroupResource, resolver::ServedResource};
+use lazyquota_index::{
+    engine::{Engine, StoreKind, store_kind},
+    keys::GroupResource,
+    policy::DemandChange,
+    resolver::ServedResource,
+    store::PartitionKey,
+};
+
+/// Holds every partition `changes` (a quota update's demand changes) ask for, as the
+/// controller does; returns each with its store.
+pub fn hold_demanded(engine: &mut Engine, changes: Vec<DemandChange>) -> Vec<(StoreKind, PartitionKey)> {
+    let mut held = Vec::new();
+    for change in changes {
+        let Some(need) = change.to else { continue };
+        let kind = store_kind(&change.resource, need);
+        let p = PartitionKey {
+            cluster: change.cluster,
+            resource: change.resource,
+            namespace: change.namespace,
+        };
+        engine.hold(kind, p.clone());
+        held.push((kind, p));
+    }
+    held
+}
 
 /// A resource list from (name, quantity) pairs.
 pub fn list(pairs: &[(&str, &str)]) -> BTreeMap<String, K8sQuantity> {

@@ -34,7 +34,7 @@ use std::{
 use criterion::{BatchSize, Criterion, Throughput};
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::api::resource::Quantity as K8sQuantity};
 use lazyquota_index::{
-    engine::{Applied, Engine, Projected, StoreKind, same_value, store_kind},
+    engine::{Applied, Engine, Projected, StoreKind, same_value},
     keys::{ClusterName, GroupResource, ObjectIds, QuotaKey},
     store::PartitionKey,
 };
@@ -209,15 +209,7 @@ impl Fixture {
                 ("widgets", &[(WIDGETS_COUNT_KEY, "5000")][..]),
             ] {
                 let update = engine.apply_quota(QuotaKey::new(&cluster, &ns, name), &quota(&ns, name, hard));
-                for change in update.changes {
-                    let Some(need) = change.to else { continue };
-                    let kind = store_kind(&change.resource, need);
-                    let p = PartitionKey {
-                        cluster: change.cluster,
-                        resource: change.resource,
-                        namespace: change.namespace,
-                    };
-                    engine.hold(kind, p.clone());
+                for (kind, p) in support::hold_demanded(&mut engine, update.changes) {
                     match kind {
                         StoreKind::Pods => pod_partitions.push(partitions.len()),
                         StoreKind::Counts => widget_partitions.push(partitions.len()),

@@ -43,18 +43,11 @@ pub(super) fn measure(shapes: &[(Pod, Pod)]) -> Vec<Sized> {
             ];
             let key = QuotaKey::new(&cluster, "big", "compute");
             let update = engine.apply_quota(key.clone(), &quota("big", "compute", &hard));
-            let change = update
-                .changes
-                .into_iter()
-                .find_map(|c| c.to.map(|need| (c, need)));
-            let (change, need) = change.expect("the quota demands pods");
-            let kind = store_kind(&change.resource, need);
-            let p = PartitionKey {
-                cluster: change.cluster,
-                resource: change.resource,
-                namespace: change.namespace,
+            let held = support::hold_demanded(&mut engine, update.changes);
+            let [(kind, p)] = held.as_slice() else {
+                panic!("the quota demands one partition: {held:?}")
             };
-            engine.hold(kind, p.clone());
+            let (kind, p) = (*kind, p.clone());
             let interner = Interner::new();
             let projections: Vec<PodProjection> = shapes
                 .iter()

@@ -5,14 +5,14 @@ use std::{collections::BTreeSet, sync::Arc};
 
 use lazyquota_quota::{
     DeviceClassMap, Evaluator, FeatureGates, PodProjection, Quantity, QuotaObject, QuotaScopes, ResourceList,
-    ScopeClassed, StatusDecision, Time, assemble_status, calculate_object_count_usage, calculate_usage,
-    claim_usage, verified_owner,
+    ScopeClassed, ScopeError, StatusDecision, Time, assemble_status, calculate_object_count_usage,
+    calculate_usage, claim_usage, verified_owner,
 };
 
 use crate::{
     demand::device_classes,
     keys::{ALL_NAMESPACES, ClusterName, GroupResource, Need, QuotaKey},
-    store::{PartitionKey, Tallied, UsageStore, UsageTally},
+    store::{Partition, PartitionKey, Tallied, UsageStore, UsageTally},
 };
 
 use super::Engine;
@@ -127,6 +127,12 @@ impl Engine {
             namespace: namespace.clone(),
         };
         let none: [&PodProjection; 0] = [];
+        let reading = Reading {
+            keys,
+            scopes,
+            now,
+            gates,
+        };
         match (need, evaluator) {
             // Computed by `claims_usage`; a claim count alone is counted like any other.
             (Some(Need::Typed), Evaluator::ResourceClaims) => None,
@@ -142,14 +148,12 @@ impl Engine {
                     .or_else(|| synced_len(&self.claims, &p))?;
                 Some(calculate_object_count_usage(keys, scopes, count as u64))
             }
-            (Some(Need::Typed), Evaluator::Pods) => {
-                typed_usage(&self.pods, &p, keys, scopes, now, gates, scope_errors)
-            }
+            (Some(Need::Typed), Evaluator::Pods) => typed_usage(&self.pods, &p, &reading, scope_errors),
             (Some(Need::Typed), Evaluator::Services) => {
-                typed_usage(&self.services, &p, keys, scopes, now, gates, scope_errors)
+                typed_usage(&self.services, &p, &reading, scope_errors)
             }
             (Some(Need::Typed), Evaluator::PersistentVolumeClaims) => {
-                typed_usage(&self.pvcs, &p, keys, scopes, now, gates, scope_errors)
+                typed_usage(&self.pvcs, &p, &reading, scope_errors)
             }
             (Some(Need::Typed), Evaluator::ObjectCount(_)) => Some(calculate_object_count_usage(
                 keys,
@@ -181,11 +185,16 @@ impl Engine {
                 resource: evaluator.group_resource(),
                 namespace: entry.demand_namespace().clone(),
             };
-            let (scopes, gates) = (&state.spec.scopes, self.gates);
+            let reading = Reading {
+                keys,
+                scopes: &state.spec.scopes,
+                now,
+                gates: self.gates,
+            };
             let pair = match evaluator {
-                Evaluator::Pods => both_ways(&self.pods, &p, keys, scopes, now, gates),
-                Evaluator::Services => both_ways(&self.services, &p, keys, scopes, now, gates),
-                Evaluator::PersistentVolumeClaims => both_ways(&self.pvcs, &p, keys, scopes, now, gates),
+                Evaluator::Pods => both_ways(&self.pods, &p, &reading),
+                Evaluator::Services => both_ways(&self.services, &p, &reading),
+                Evaluator::PersistentVolumeClaims => both_ways(&self.pvcs, &p, &reading),
                 _ => None,
             };
             if let Some((tallied, summed)) = pair {
@@ -348,74 +357,68 @@ fn synced_len<P: crate::store::Tallied>(store: &UsageStore<P>, p: &PartitionKey)
         .map(|x| x.objects().len())
 }
 
+/// What one typed evaluator's usage is read with.
+struct Reading<'a> {
+    keys: &'a [String],
+    scopes: &'a QuotaScopes,
+    now: Time,
+    gates: FeatureGates,
+}
+
+/// A projection whose partitions keep a [`UsageTally`] (pods, services, PVCs).
+trait TalliedTyped: ScopeClassed + Tallied<Tally = UsageTally<<Self as ScopeClassed>::Class>> {}
+
+impl<P: ScopeClassed + Tallied<Tally = UsageTally<<P as ScopeClassed>::Class>>> TalliedTyped for P {}
+
+/// What a tally answers: `Err` on a scope error, `Ok(None)` for a sum beyond what a quantity
+/// holds.
+type TallyAnswer = Result<Option<ResourceList>, ScopeError>;
+
+/// Partition `p` if current, and what its tally answers.
+fn tallied<'s, P: TalliedTyped>(
+    store: &'s UsageStore<P>,
+    p: &PartitionKey,
+    r: &Reading<'_>,
+) -> Option<(&'s Partition<P>, TallyAnswer)> {
+    let partition = store.partition(p).filter(|x| x.is_current())?;
+    let answer = partition
+        .tally()
+        .usage(partition.objects(), r.keys, r.scopes, r.now, r.gates);
+    Some((partition, answer))
+}
+
 /// A typed evaluator's usage in partition `p`, read from its tally; the objects summed one by
 /// one (`calculate_usage`, upstream's way) where the tally cannot answer: a scope error, whose
 /// partial sum upstream returns as success, or a sum beyond what a quantity holds.
-fn typed_usage<P>(
+fn typed_usage<P: TalliedTyped>(
     store: &UsageStore<P>,
     p: &PartitionKey,
-    keys: &[String],
-    scopes: &QuotaScopes,
-    now: Time,
-    gates: FeatureGates,
+    r: &Reading<'_>,
     scope_errors: &mut Vec<String>,
-) -> Option<ResourceList>
-where
-    P: ScopeClassed + Tallied<Tally = UsageTally<<P as ScopeClassed>::Class>>,
-{
-    let partition = store.partition(p).filter(|x| x.is_current())?;
-    if let Ok(Some(used)) = partition
-        .tally()
-        .usage(partition.objects(), keys, scopes, now, gates)
-    {
+) -> Option<ResourceList> {
+    let (partition, answer) = tallied(store, p, r)?;
+    if let Ok(Some(used)) = answer {
         return Some(used);
     }
-    Some(summed_usage(
-        partition.objects().values(),
-        keys,
-        scopes,
-        now,
-        gates,
-        scope_errors,
-    ))
-}
-
-/// `calculate_usage` over `objects`, its scope error recorded.
-fn summed_usage<'o, P: QuotaObject + 'o>(
-    objects: impl IntoIterator<Item = &'o P>,
-    keys: &[String],
-    scopes: &QuotaScopes,
-    now: Time,
-    gates: FeatureGates,
-    scope_errors: &mut Vec<String>,
-) -> ResourceList {
-    let stats = calculate_usage(keys, scopes, objects, now, gates);
+    let stats = calculate_usage(r.keys, r.scopes, partition.objects().values(), r.now, r.gates);
     if let Some(error) = stats.scope_error {
         // Upstream's CalculateUsageStats stops at the first object whose scope match fails
         // and returns the partial sum with a nil error; the same partial sum is used here.
         scope_errors.push(error.to_string());
     }
-    stats.used
+    Some(stats.used)
 }
 
 /// A partition's usage read from its tally and summed one by one; `None` if the partition is
 /// not current, or the tally does not answer (a scope error: the sum is used then anyway).
-fn both_ways<P>(
+fn both_ways<P: TalliedTyped>(
     store: &UsageStore<P>,
     p: &PartitionKey,
-    keys: &[String],
-    scopes: &QuotaScopes,
-    now: Time,
-    gates: FeatureGates,
-) -> Option<(ResourceList, ResourceList)>
-where
-    P: ScopeClassed + Tallied<Tally = UsageTally<<P as ScopeClassed>::Class>>,
-{
-    let partition = store.partition(p).filter(|x| x.is_current())?;
-    let tallied = partition
-        .tally()
-        .usage(partition.objects(), keys, scopes, now, gates)
-        .ok()??;
-    let summed = calculate_usage(keys, scopes, partition.objects().values(), now, gates).used;
+    r: &Reading<'_>,
+) -> Option<(ResourceList, ResourceList)> {
+    let (partition, Ok(Some(tallied))) = tallied(store, p, r)? else {
+        return None;
+    };
+    let summed = calculate_usage(r.keys, r.scopes, partition.objects().values(), r.now, r.gates).used;
     Some((tallied, summed))
 }
