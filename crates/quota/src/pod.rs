@@ -443,6 +443,10 @@ impl ScopeClassed for PodProjection {
         }
     }
 
+    fn is_of_class(&self, class: &PodScopeClass) -> bool {
+        self.flags & SCOPE_FLAGS == class.flags && self.priority_class == class.priority_class
+    }
+
     fn class_matches_scope(
         class: &PodScopeClass,
         requirement: &ScopeRequirement,

@@ -164,6 +164,10 @@ impl ScopeClassed for PvcProjection {
         self.volume_attributes_classes.clone()
     }
 
+    fn is_of_class(&self, class: &Self::Class) -> bool {
+        self.volume_attributes_classes == *class
+    }
+
     fn class_matches_scope(
         class: &Self::Class,
         requirement: &ScopeRequirement,

@@ -102,6 +102,12 @@ pub trait ScopeClassed: QuotaObject {
     /// This object's class.
     fn scope_class(&self) -> Self::Class;
 
+    /// Whether this object is of `class` (without building its class: a lookup on every
+    /// object event).
+    fn is_of_class(&self, class: &Self::Class) -> bool {
+        self.scope_class() == *class
+    }
+
     /// Whether objects of `class` match one scope requirement.
     fn class_matches_scope(
         class: &Self::Class,

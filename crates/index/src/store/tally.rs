@@ -85,7 +85,7 @@ impl KeySum {
             return None;
         }
         // Most addends' format; ties to the later slot (DecimalSI, then BinarySI).
-        let slot = (0..3).rev().max_by_key(|i| (self.formats[*i], *i)).unwrap_or(2);
+        let slot = (0..3).max_by_key(|&i| (self.formats[i], i)).unwrap_or(2);
         let format = if self.formats[slot] == 0 {
             Format::DecimalSI
         } else {
@@ -133,19 +133,18 @@ impl<C> Default for UsageTally<C> {
 /// Any instant: an object summed in a class has the same usage at every one.
 const ANY_INSTANT: Time = Time::from_unix_seconds(0);
 
-impl<C: Eq> UsageTally<C> {
+impl<C> UsageTally<C> {
     /// Adds `object` (id `id`) to the sums.
     pub fn add<P: ScopeClassed<Class = C>>(&mut self, id: u64, object: &P) {
         if object.usage_varies_with_time() {
             self.timed.insert(id);
             return;
         }
-        let class = object.scope_class();
-        let at = if let Some(at) = self.classes.iter().position(|c| c.class == class) {
+        let at = if let Some(at) = self.classes.iter().position(|c| object.is_of_class(&c.class)) {
             at
         } else {
             self.classes.push(ClassTally {
-                class,
+                class: object.scope_class(),
                 members: 0,
                 keys: Vec::new(),
             });
@@ -170,8 +169,7 @@ impl<C: Eq> UsageTally<C> {
             self.timed.remove(&id);
             return;
         }
-        let class = object.scope_class();
-        let Some(at) = self.classes.iter().position(|c| c.class == class) else {
+        let Some(at) = self.classes.iter().position(|c| object.is_of_class(&c.class)) else {
             return;
         };
         let tally = &mut self.classes[at];
@@ -244,12 +242,7 @@ impl<C: Eq> UsageTally<C> {
                     + c.keys.iter().map(|(k, _)| k.len()).sum::<usize>()
             })
             .sum();
-        let timed = if self.timed.capacity() == 0 {
-            0
-        } else {
-            (self.timed.capacity() * 8 / 7).next_power_of_two() * 9 + 16
-        };
-        classes + keys + timed
+        classes + keys + super::hash_table_bytes(self.timed.capacity(), size_of::<u64>())
     }
 }
 
@@ -258,6 +251,10 @@ impl<C: Eq> UsageTally<C> {
 pub trait Tallied: super::HeapSize + Sized {
     /// What each generation of a partition keeps beside its objects.
     type Tally: Default + std::fmt::Debug;
+
+    /// Whether the tally is kept at all: an update of an object without one replaces it
+    /// without looking up the old value first (count-only objects are the busiest).
+    const KEEPS_TALLY: bool = false;
 
     /// `self` (id `id`) joined the generation.
     fn tally_add(&self, _id: u64, _tally: &mut Self::Tally) {}
@@ -283,6 +280,8 @@ macro_rules! tallied {
     ($($projection:ty),*) => {$(
         impl Tallied for $projection {
             type Tally = UsageTally<<$projection as ScopeClassed>::Class>;
+
+            const KEEPS_TALLY: bool = true;
 
             fn tally_add(&self, id: u64, tally: &mut Self::Tally) {
                 tally.add(id, self);
@@ -326,7 +325,8 @@ impl<P: Tallied> Generation<P> {
     pub fn insert(&mut self, id: u64, value: P) -> Option<P> {
         // The old value leaves the tally before the new one joins (an object's id may be in
         // the tally's set of timed objects before and after).
-        if let Some(old) = self.objects.get(id)
+        if P::KEEPS_TALLY
+            && let Some(old) = self.objects.get(id)
             && !active(Mutation::TallyDropsUpdate)
         {
             old.tally_remove(id, &mut self.tally);
